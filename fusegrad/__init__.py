@@ -1,0 +1,50 @@
+"""fusegrad: lazy tensors that fuse into compiled kernels.
+
+    import fusegrad as fg
+    x = fg.randn(1024, 1024)
+    y = (x @ x.T).relu().sum(1)     # nothing has run yet
+    print(y.numpy())                # one schedule, a few fused kernels, compiled and cached
+"""
+from fusegrad.dtype import (DType, bool_ as bool, uint8, int8, int16, uint32, int32, int64, float16, bfloat16, float32,
+                            float64, half, double, short, long, promote_types, result_type as _result_type)
+from fusegrad.dtype import float32 as float, int32 as int   # noqa: A001 (PyTorch spells them so)
+from fusegrad.tensor import (Tensor, tensor, full, zeros, ones, empty, zeros_like, ones_like, empty_like, full_like,
+                             rand_like, randn_like, arange, linspace, eye, manual_seed, seed, rand, randn, randint,
+                             randperm, cat, stack, einsum, where, broadcast_shapes)
+from fusegrad.engine.track import track
+from fusegrad.runtime.device import CompileError
+
+concatenate = cat
+concat = cat
+
+
+def result_type(a, b): return _result_type(a, b)
+
+
+def _method_function(name):
+  def f(input, *args, **kwargs): return getattr(input, name)(*args, **kwargs)
+  f.__name__ = name
+  f.__doc__ = f"fusegrad.{name}(input, ...) is input.{name}(...)."
+  return f
+
+
+# module-level functions for the Tensor methods PyTorch also offers as functions
+for _name in ("neg exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan tanh erf abs sign reciprocal relu "
+              "sigmoid floor ceil round trunc frac isnan isinf isfinite logical_not bitwise_not add sub mul div "
+              "true_divide floor_divide remainder fmod pow maximum minimum fmax fmin eq ne lt le gt ge logical_and "
+              "logical_or logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift clamp "
+              "clip lerp sum prod max min amax amin mean var std argmax argmin any all logsumexp softmax log_softmax "
+              "cumsum cumprod reshape permute transpose swapaxes squeeze unsqueeze flatten unflatten flip narrow split "
+              "chunk unbind select tile tril triu matmul mm bmm dot outer movedim moveaxis argsort square numel "
+              "addcmul addcdiv").split():
+  globals()[_name] = _method_function(_name)
+del _name
+
+
+def is_tensor(x) -> bool: return isinstance(x, Tensor)
+
+
+def realize(*tensors: Tensor) -> None:
+  """Realize several tensors in one schedule."""
+  from fusegrad.engine.realize import realize as _r
+  _r(*[t.node for t in tensors])

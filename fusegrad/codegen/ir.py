@@ -1,0 +1,137 @@
+"""The kernel IR: one for every device.
+
+A Kernel is a set of stores over a parallel (global) index space. The values stored form a DAG of
+frozen Val records — loads through symbolic index expressions, constants, ALU ops and reductions
+whose loops are explicit. `linearize` (codegen/linearize.py) turns a Kernel into the flat
+statement listing that every renderer and the numpy interpreter walk.
+"""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from fusegrad.dtype import DType
+from fusegrad.graph import symbolic as sym
+
+
+class Val:
+  __slots__ = ()
+
+
+@dataclass(frozen=True, eq=True)
+class Load(Val):
+  buf: int               # index into Kernel.bufs
+  idx: sym.Lin
+  valid: sym.Cond        # where false the value is 0 and memory is not touched
+  dtype: DType
+
+
+@dataclass(frozen=True, eq=True)
+class Gather(Val):
+  """A load at a position computed at run time (an integer value); 0 outside the buffer."""
+  buf: int
+  size: int
+  src: Val               # the flat position
+  dtype: DType
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Val):
+  value: object
+  dtype: DType
+
+
+@dataclass(frozen=True, eq=True)
+class Index(Val):
+  """The integer value of an index expression (IOTA), 0 where not valid."""
+  idx: sym.Lin
+  valid: sym.Cond
+  dtype: DType
+
+
+@dataclass(frozen=True, eq=True)
+class Valid(Val):
+  """A validity condition as a bool value (padding turns into a select on it)."""
+  cond: sym.Cond
+  dtype: DType
+
+
+@dataclass(frozen=True, eq=True)
+class Alu(Val):
+  op: str                # a name from graph/ops.ALU, or CAST
+  dtype: DType
+  src: tuple
+
+
+@dataclass(frozen=True, eq=True)
+class Reduce(Val):
+  op: str                # SUM PROD MAX MIN
+  dtype: DType
+  loops: tuple           # tuple[sym.Var]: the loop variables this reduction runs over
+  src: Val
+
+
+@dataclass(frozen=True)
+class BufferArg:
+  dtype: DType
+  size: int
+  output: bool
+
+
+@dataclass(frozen=True)
+class Store:
+  buf: int
+  idx: sym.Lin
+  value: Val
+
+
+@dataclass(frozen=True)
+class Kernel:
+  name: str
+  bufs: tuple            # tuple[BufferArg]
+  gvars: tuple           # parallel dims (sym.Var), outermost first
+  loops: tuple           # sequential output loops (sym.Var) inside each parallel item
+  stores: tuple          # tuple[Store]
+  flops: int = 0         # estimated, for reporting
+  gidx: sym.Var | None = None  # the flat parallel index the gvars are derived from
+
+  @property
+  def global_size(self) -> int:
+    n = 1
+    for v in self.gvars: n *= v.hi + 1
+    return n
+
+
+def children(v: Val) -> tuple:
+  if isinstance(v, Alu): return v.src
+  if isinstance(v, (Reduce, Gather)): return (v.src,)
+  return ()
+
+
+def toposort(roots) -> list:
+  out, seen = [], set()
+  def visit(v):
+    stack = [(v, False)]
+    while stack:
+      x, done = stack.pop()
+      if done:
+        out.append(x); continue
+      if id(x) in seen: continue
+      seen.add(id(x))
+      stack.append((x, True))
+      for c in reversed(children(x)): stack.append((c, False))
+  for r in roots: visit(r)
+  return out
+
+
+def dependencies(roots) -> dict:
+  """id(val) -> frozenset of the symbolic Vars the value depends on (a reduction's own loops excluded)."""
+  deps = {}
+  for v in toposort(roots):
+    if isinstance(v, (Load, Index)): d = sym.variables(v.idx) | v.valid.variables()
+    elif isinstance(v, Valid): d = v.cond.variables()
+    elif isinstance(v, Const): d = set()
+    elif isinstance(v, Reduce): d = deps[id(v.src)] - set(v.loops)
+    elif isinstance(v, Gather): d = deps[id(v.src)]
+    else:
+      d = set()
+      for c in v.src: d |= deps[id(c)]
+    deps[id(v)] = frozenset(d)
+  return deps

@@ -1,0 +1,164 @@
+"""Lowering: a fused group of graph nodes becomes one Kernel.
+
+Every node is evaluated *at an index*: a tuple of symbolic expressions over the output's loop
+variables. Views rewrite the index (and add validity), elementwise ops evaluate their sources at
+the same index, and a reduction opens loops for its axes. Memoising (node, index) shares work, so
+a reduction expanded back over the axis it reduced (softmax's max) is computed once per row and
+then reused by the loop over that row.
+
+The lowering also judges the fusion it was handed: if a reduction would be computed redundantly
+or would leave too little parallel work, it raises NeedsRealize naming the node that should get a
+kernel (and a buffer) of its own; the scheduler then cuts there and tries again.
+"""
+from __future__ import annotations
+from fusegrad import dtype as dt
+from fusegrad.graph import symbolic as sym
+from fusegrad.graph.node import Node, reduce_identity
+from fusegrad.graph.view import prod, contiguous_strides
+from fusegrad.codegen.ir import Gather, Load, Const, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, toposort, dependencies
+
+# a fused kernel must keep at least this many independent work items, unless the output is smaller
+MIN_PARALLEL = 64
+
+
+class NeedsRealize(Exception):
+  def __init__(self, node: Node, why: str):
+    super().__init__(why)
+    self.node, self.why = node, why
+
+
+def ravel(idx, shape) -> sym.Lin:
+  out = sym.const(0)
+  for i, st in zip(idx, contiguous_strides(shape)):
+    if st: out = out + sym.mul(i, st)
+  return out
+
+
+def unravel(flat, shape) -> tuple:
+  out = []
+  for d, (s, st) in enumerate(zip(shape, contiguous_strides(shape))):
+    if s == 1: out.append(sym.const(0)); continue
+    q = sym.div(flat, st)
+    out.append(q if d == 0 else sym.mod(q, s))
+  return tuple(out)
+
+
+class _Builder:
+  def __init__(self, outputs: list[Node], is_boundary):
+    self.outputs, self.is_boundary = outputs, is_boundary
+    self.inputs: list[Node] = []          # boundary nodes in order of first use
+    self.input_pos: dict[int, int] = {}
+    self.memo: dict = {}
+    self.reduce_instances: dict[int, list] = {}
+    self.nloop = 0
+
+  def buf(self, n: Node) -> int:
+    if id(n) not in self.input_pos:
+      self.input_pos[id(n)] = len(self.outputs) + len(self.inputs)
+      self.inputs.append(n)
+    return self.input_pos[id(n)]
+
+  def ev(self, n: Node, idx: tuple, gate: sym.Cond):
+    key = (id(n), idx, gate)
+    v = self.memo.get(key)
+    if v is None:
+      v = self.memo[key] = self._ev(n, idx, gate)
+    return v
+
+  def _leaf(self, n: Node, flat, valid: sym.Cond):
+    """A load-like value at a flat position of a contiguous leaf."""
+    if valid.false: return Const(0 if not n.dtype.is_bool else False, n.dtype)
+    if n.op == "CONST" and not n.realized:
+      return Const(n.arg, n.dtype) if valid.is_true else \
+        Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), Const(n.arg, n.dtype), Const(n.dtype.np(0).item(), n.dtype)))
+    if n.op == "IOTA" and not n.realized: return Index(flat, valid, n.dtype)
+    return Load(self.buf(n), flat, valid, n.dtype)
+
+  def _is_leaf(self, n: Node) -> bool:
+    return (self.is_boundary(n) and n not in self.outputs) or n.op in ("CONST", "IOTA") or n.realized
+
+  def _ev(self, n: Node, idx, gate):
+    if self._is_leaf(n): return self._leaf(n, ravel(idx, n.shape), gate)
+    if n.op == "VIEW":
+      flat, valid = n.arg.index(idx)
+      src = n.src[0]
+      if self._is_leaf(src): return self._leaf(src, flat, gate & valid)
+      inner = self.ev(src, unravel(flat, src.shape), gate & valid)
+      if valid.is_true: return inner
+      if valid.false: return Const(n.dtype.np(0).item(), n.dtype)
+      return Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), inner, Const(n.dtype.np(0).item(), n.dtype)))
+    if n.op == "REDUCE":
+      op, axes = n.arg
+      src = n.src[0]
+      loops, new_idx = [], list(idx)
+      for a in axes:
+        v = sym.Var(f"r{self.nloop}", 0, src.shape[a] - 1)
+        self.nloop += 1
+        loops.append(v)
+        new_idx[a] = sym.lin(v)
+      r = Reduce(op, n.dtype, tuple(loops), self.ev(src, tuple(new_idx), gate))
+      self.reduce_instances.setdefault(id(n), []).append((n, r))
+      return r
+    if n.op == "GATHER":  # the data is a realized contiguous buffer (the scheduler made sure)
+      data = n.src[0]
+      return Gather(self.buf(data), data.numel, self.ev(n.src[1], idx, gate), n.dtype)
+    if n.op == "CONTIGUOUS": return self.ev(n.src[0], idx, gate)
+    if n.op == "CAST": return Alu(n.op, n.dtype, (self.ev(n.src[0], idx, gate),))
+    return Alu(n.op, n.dtype, tuple(self.ev(s, idx, gate) for s in n.src))
+
+
+def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel, list[Node]]:
+  """Lower the nodes `outputs` (one shape, one device) into a Kernel; returns it and its input nodes."""
+  shape = outputs[0].shape
+  ovars = tuple(sym.Var(f"o{d}", 0, s - 1) if s > 1 else None for d, s in enumerate(shape))
+  oidx = tuple(sym.lin(v) if v is not None else sym.const(0) for v in ovars)
+
+  # pass 1: build with one variable per output dim, to decide which dims run in parallel
+  b = _Builder(outputs, is_boundary)
+  vals = [b.ev(n, oidx, sym.TRUE) for n in outputs]
+  for nid, inst in b.reduce_instances.items():
+    if len(inst) > 1: raise NeedsRealize(inst[0][0], "reduction evaluated at several indices")
+  deps = dependencies(vals)
+  out_vars = {v for v in ovars if v is not None}
+  reduces = [(inst[0][0], inst[0][1]) for inst in b.reduce_instances.values()]
+  gset = set(out_vars)
+  for _, r in reduces: gset &= deps[id(r)]
+  extent = lambda vs: prod(v.hi + 1 for v in vs)
+  if reduces and extent(gset) < min(MIN_PARALLEL, prod(shape)) and extent(gset) < extent(out_vars):
+    # too little parallel work: give the reduction that depends on the fewest dims its own kernel
+    n, _ = min(reduces, key=lambda nr: extent(deps[id(nr[1])] & out_vars))
+    raise NeedsRealize(n, "fusing this reduction leaves too little parallel work")
+
+  # pass 2: rebuild with the parallel dims expressed through one flat index
+  gvars = tuple(v for v in ovars if v in gset)
+  loops = tuple(v for v in ovars if v is not None and v not in gset)
+  gsize = extent(gvars)
+  gidx = sym.Var("gidx", 0, max(gsize - 1, 0))
+  env, acc = {}, 1
+  for v in reversed(gvars):
+    q = sym.div(gidx, acc)
+    env[v] = q if v is gvars[0] else sym.mod(q, v.hi + 1)
+    acc *= v.hi + 1
+  idx = tuple(env.get(v, sym.lin(v)) if v is not None else sym.const(0) for v in ovars)
+  b = _Builder(outputs, is_boundary)
+  vals = [b.ev(n, idx, sym.TRUE) for n in outputs]
+  flat_out = ravel(idx, shape)
+  stores = tuple(Store(i, flat_out, v) for i, v in enumerate(vals))
+  bufs = tuple(BufferArg(n.dtype, n.numel, True) for n in outputs) + \
+         tuple(BufferArg(n.dtype, n.numel, False) for n in b.inputs)
+  kind = "r" if reduces else "E"
+  name = f"{kind}_{'_'.join(str(s) for s in shape) or 'scalar'}{name_hint}"
+  k = Kernel(name, bufs, gvars, loops, stores, _estimate_flops(vals, gsize), gidx)
+  return k, b.inputs
+
+
+def _estimate_flops(vals, gsize: int) -> int:
+  deps = dependencies(vals)
+  total = 0
+  for v in toposort(vals):
+    if isinstance(v, (Alu, Reduce)) and not (isinstance(v, Alu) and v.op in ("CAST", "WHERE")):
+      n = gsize
+      for var in deps[id(v)] if isinstance(v, Alu) else deps[id(v.src)]:
+        if var.name != "gidx": n *= var.hi + 1
+      total += n
+  return total

@@ -1,0 +1,202 @@
+"""Renderers for C-like languages: C for the CPU and OpenCL C.
+
+Both walk the same linearized listing; they differ only in the tables and hooks below (type
+names, how a kernel is declared, how a work item finds its index, how 16-bit floats are loaded
+and stored). 16-bit floats are storage types: values live in float registers and are rounded
+when stored or cast, which is also what PyTorch's fused kernels do.
+"""
+from __future__ import annotations
+import math
+from fusegrad import dtype as dt
+from fusegrad.graph import symbolic as sym
+from fusegrad.graph.node import reduce_identity
+from fusegrad.codegen.ir import Kernel, Gather, Load, Const, Index, Valid, Alu, Reduce
+
+
+def _floordiv(num: str, c: int, may_be_negative: bool) -> str:
+  if not may_be_negative: return f"({num}/{c})"
+  return f"fg_floordiv({num},{c})"
+
+
+def _floormod(num: str, c: int, may_be_negative: bool) -> str:
+  if not may_be_negative: return f"({num}%{c})"
+  return f"fg_floormod({num},{c})"
+
+
+class CStyleRenderer:
+  name = "c"
+  index_type = "long long"
+  types = {dt.bool_: "_Bool", dt.int8: "signed char", dt.uint8: "unsigned char", dt.int16: "short",
+           dt.int32: "int", dt.uint32: "unsigned int", dt.int64: "long long", dt.float16: "_Float16",
+           dt.bfloat16: "unsigned short", dt.float32: "float", dt.float64: "double"}
+  float_suffix = {dt.float32: "f", dt.float64: ""}
+  prelude = ""
+
+  # ---- types ----------------------------------------------------------------------------------------
+  def storage_type(self, d: dt.DType) -> str: return self.types[d]
+  def reg_type(self, d: dt.DType) -> str:
+    return self.types[dt.float32] if d in (dt.float16, dt.bfloat16) else self.types[d]
+  def reg_dtype(self, d: dt.DType) -> dt.DType:
+    return dt.float32 if d in (dt.float16, dt.bfloat16) else d
+
+  def literal(self, v, d: dt.DType) -> str:
+    d = self.reg_dtype(d)
+    if d.is_bool: return "1" if v else "0"
+    if d.is_float:
+      v = float(v)
+      if math.isnan(v): return "NAN" if d == dt.float32 else "((double)NAN)"
+      if math.isinf(v): return ("" if v > 0 else "-") + ("INFINITY" if d == dt.float32 else "((double)INFINITY)")
+      return repr(v) + self.float_suffix[d] if "e" in repr(v) or "." in repr(v) else f"{v}.0{self.float_suffix[d]}"
+    if d == dt.int64: return f"{int(v)}LL" if v != -2**63 else "(-9223372036854775807LL-1)"
+    if d == dt.uint32: return f"{int(v)}u"
+    if d == dt.int32 and v == -2**31: return "(-2147483647-1)"
+    return str(int(v))
+
+  # ---- expressions -------------------------------------------------------------------------------------
+  def idx(self, e) -> str:
+    return sym.render(e, lambda v: v.name, _floordiv, _floormod)
+
+  def cond(self, c: sym.Cond) -> str: return sym.render_cond(c, self.idx)
+
+  def load(self, buf: int, idx: str, d: dt.DType) -> str:
+    if d == dt.bfloat16: return f"fg_bf16_to_f32(b{buf}[{idx}])"
+    if d == dt.float16: return f"(float)b{buf}[{idx}]"
+    return f"b{buf}[{idx}]"
+
+  def store(self, buf: int, idx: str, val: str, d: dt.DType) -> str:
+    if d == dt.bfloat16: return f"b{buf}[{idx}] = fg_f32_to_bf16({val});"
+    if d == dt.float16: return f"b{buf}[{idx}] = (_Float16)({val});"
+    return f"b{buf}[{idx}] = {val};"
+
+  def math_fn(self, name: str, d: dt.DType) -> str:
+    return name + ("f" if self.reg_dtype(d) == dt.float32 else "")
+
+  def cast(self, a: str, src: dt.DType, d: dt.DType) -> str:
+    if d.is_bool: return f"({a} != 0)"
+    if d == dt.float16: return f"(float)(_Float16)({a})"
+    if d == dt.bfloat16: return f"fg_bf16_to_f32(fg_f32_to_bf16((float)({a})))"
+    return f"({self.reg_type(d)})({a})"
+
+  def alu(self, op: str, d: dt.DType, a: list, srcs: tuple) -> str:
+    sd = srcs[0].dtype if srcs else d
+    fl = self.reg_dtype(sd).is_float
+    f = lambda n: self.math_fn(n, sd)
+    if op == "CAST": return self.cast(a[0], sd, d)
+    simple = {"ADD": "+", "SUB": "-", "MUL": "*", "CMPLT": "<", "CMPLE": "<=", "CMPEQ": "==", "CMPNE": "!=",
+              "AND": "&", "OR": "|", "XOR": "^"}
+    if op in simple: return f"({a[0]}{simple[op]}{a[1]})"
+    if op == "NEG": return f"(-{a[0]})" if not sd.is_bool else f"(!{a[0]})"
+    if op in ("EXP", "LOG", "SQRT", "SIN", "COS", "TAN", "TANH", "ERF", "FLOOR", "CEIL", "RINT", "TRUNC"):
+      return f"{f(op.lower())}({a[0]})"
+    if op == "ABS": return f"{f('fabs')}({a[0]})" if fl else f"({a[0]}<0?-{a[0]}:{a[0]})"
+    if op == "RECIP": return f"({self.literal(1, sd)}/{a[0]})"
+    if op == "ISNAN": return f"({a[0]}!={a[0]})"
+    if op == "NOT": return f"(!{a[0]})" if sd.is_bool else f"(~{a[0]})"
+    if op == "DIV": return f"({a[0]}/{a[1]})" if fl else f"fg_idiv_{self._tag(sd)}({a[0]},{a[1]})"
+    if op == "MOD": return f"{f('fmod')}({a[0]},{a[1]})" if fl else f"fg_imod_{self._tag(sd)}({a[0]},{a[1]})"
+    if op == "MAX":
+      return f"(({a[0]}>{a[1]}||{a[0]}!={a[0]})?{a[0]}:{a[1]})" if fl else f"({a[0]}>{a[1]}?{a[0]}:{a[1]})"
+    if op == "MIN":
+      return f"(({a[0]}<{a[1]}||{a[0]}!={a[0]})?{a[0]}:{a[1]})" if fl else f"({a[0]}<{a[1]}?{a[0]}:{a[1]})"
+    if op == "POW": return f"{f('pow')}({a[0]},{a[1]})"
+    if op in ("SHL", "SHR"):
+      bits = sd.itemsize * 8
+      o = "<<" if op == "SHL" else ">>"
+      return f"(({a[1]})<0||({a[1]})>={bits}?0:({self.reg_type(sd)})({a[0]}{o}{a[1]}))"
+    if op == "WHERE": return f"({a[0]}?{a[1]}:{a[2]})"
+    raise NotImplementedError(f"{self.name} renderer has no spelling for {op}")
+
+  def _tag(self, d: dt.DType) -> str: return d.name
+
+  def value(self, v, a: list) -> str:
+    if isinstance(v, Load):
+      ld = self.load(v.buf, self.idx(v.idx), v.dtype)
+      return ld if v.valid.is_true else f"({self.cond(v.valid)}?{ld}:{self.literal(0, v.dtype)})"
+    if isinstance(v, Const): return self.literal(v.value, v.dtype)
+    if isinstance(v, Gather):
+      return f"(({a[0]})>=0&&({a[0]})<{v.size}?{self.load(v.buf, a[0], v.dtype)}:{self.literal(0, v.dtype)})"
+    if isinstance(v, Index):
+      e = f"({self.reg_type(v.dtype)})({self.idx(v.idx)})"
+      return e if v.valid.is_true else f"({self.cond(v.valid)}?{e}:0)"
+    if isinstance(v, Valid): return self.cond(v.cond)
+    if isinstance(v, Alu): return self.alu(v.op, v.dtype, a, v.src)
+    raise TypeError(v)
+
+  def update(self, r: Reduce, acc: str, x: str) -> str:
+    if r.op == "SUM": return f"{acc} = {acc} + {x};" if not r.dtype.is_bool else f"{acc} = {acc} | {x};"
+    if r.op == "PROD": return f"{acc} = {acc} * {x};" if not r.dtype.is_bool else f"{acc} = {acc} & {x};"
+    return f"{acc} = {self.alu(r.op, r.dtype, [acc, x], (r,))};"
+
+  # ---- the kernel --------------------------------------------------------------------------------------------
+  def body(self, listing: list, k: Kernel, indent: str) -> list[str]:
+    lines = []
+    for st in listing:
+      kind = st[0]
+      if kind == "loop":
+        var = st[1]
+        lines.append(f"{indent}for ({self.index_type} {var.name} = 0; {var.name} < {var.hi + 1}; {var.name}++) {{")
+        indent += "  "
+      elif kind == "end":
+        indent = indent[:-2]
+        lines.append(f"{indent}}}")
+      elif kind == "let":
+        _, name, v, args = st
+        lines.append(f"{indent}{self.reg_type(v.dtype)} {name} = {self.value(v, list(args))};")
+      elif kind == "acc":
+        _, name, r = st
+        lines.append(f"{indent}{self.reg_type(r.dtype)} {name} = {self.literal(reduce_identity(r.op, r.dtype), r.dtype)};")
+      elif kind == "update":
+        _, name, r, arg = st
+        lines.append(f"{indent}{self.update(r, name, arg)}")
+      elif kind == "store":
+        _, buf, idx, arg = st
+        lines.append(f"{indent}{self.store(buf, self.idx(idx), arg, k.bufs[buf].dtype)}")
+    return lines
+
+  def helpers(self, k: Kernel) -> str:
+    out = [self.prelude]
+    ints = {b.dtype for b in k.bufs if b.dtype.is_int} | {dt.int32, dt.int64}
+    for d in sorted(ints, key=lambda d: d.name):
+      t = self.types[d]
+      # x/0 and x%0 give 0 and MIN/-1 wraps, instead of trapping
+      out.append(f"static inline {t} fg_idiv_{d.name}({t} a, {t} b) {{ return b == 0 ? 0 : "
+                 f"(b == -1 ? ({t})(0 - a) : ({t})(a / b)); }}" if d.is_signed else
+                 f"static inline {t} fg_idiv_{d.name}({t} a, {t} b) {{ return b == 0 ? 0 : ({t})(a / b); }}")
+      out.append(f"static inline {t} fg_imod_{d.name}({t} a, {t} b) {{ return (b == 0 || b == -1) ? 0 : ({t})(a % b); }}"
+                 if d.is_signed else f"static inline {t} fg_imod_{d.name}({t} a, {t} b) {{ return b == 0 ? 0 : ({t})(a % b); }}")
+    return "\n".join(out)
+
+  def render(self, k: Kernel, listing: list) -> str:
+    raise NotImplementedError
+
+
+_C_PRELUDE = r"""#include <math.h>
+#include <stdint.h>
+#include <string.h>
+static inline long long fg_floordiv(long long a, long long b) { long long q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline long long fg_floormod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline float fg_bf16_to_f32(unsigned short h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned short fg_f32_to_bf16(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even */
+  return (unsigned short)(u >> 16);
+}"""
+
+
+class CRenderer(CStyleRenderer):
+  """C99 for the CPU device: one function per kernel over a [start, end) slice of the work items,
+  so a thread pool can split the range."""
+  name = "c"
+  prelude = _C_PRELUDE
+
+  def render(self, k: Kernel, listing: list) -> str:
+    args = []
+    for i, b in enumerate(k.bufs):
+      args.append(f"{'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
+    args += ["long long start", "long long end"]
+    lines = [self.helpers(k), "", f"void {k.name}({', '.join(args)}) {{",
+             f"  for (long long gidx = start; gidx < end; gidx++) {{"]
+    lines += self.body(listing, k, "    ")
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"

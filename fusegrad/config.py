@@ -1,0 +1,21 @@
+"""Every environment variable fusegrad reads, in one place (the README lists them too)."""
+from __future__ import annotations
+import os
+
+
+def _int(name: str, default: int) -> int:
+  v = os.environ.get(name, "")
+  try:
+    return int(v) if v.strip() else default
+  except ValueError:
+    raise ValueError(f"environment variable {name} must be an integer, got {v!r}") from None
+
+
+DEBUG = _int("FUSEGRAD_DEBUG", 0)                       # 1: each kernel launched; 2: plus its source
+DEVICE = os.environ.get("FUSEGRAD_DEVICE", "CPU").upper()   # default device
+CACHE_DIR = os.environ.get("FUSEGRAD_CACHE_DIR") or os.path.join(
+  os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fusegrad")
+DISABLE_DISK_CACHE = _int("FUSEGRAD_NO_DISK_CACHE", 0)  # 1: compile everything afresh
+CC = os.environ.get("FUSEGRAD_CC", "")                  # C compiler for the CPU device (default: clang, gcc, cc)
+THREADS = _int("FUSEGRAD_THREADS", 0)                   # CPU worker threads (0: one per core)
+FUZZ_EXAMPLES = _int("FUSEGRAD_FUZZ_EXAMPLES", 0)       # tests/fuzz: examples per device (0: the quick default)

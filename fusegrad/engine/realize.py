@@ -1,0 +1,42 @@
+"""Realize: schedule the graph behind some nodes, then compile and run each kernel in order."""
+from __future__ import annotations
+import time
+from fusegrad import dtype as dt
+from fusegrad.graph import node as gn
+from fusegrad.graph.node import Node
+from fusegrad.runtime import device as rd
+from fusegrad.schedule.schedule import create_schedule
+from fusegrad.codegen.linearize import linearize, format_listing
+from fusegrad.engine import track
+
+
+def realize(*nodes: Node) -> None:
+  for item in create_schedule(list(nodes)):
+    out = item.outputs[0]
+    dev = rd.get(out.device)
+    if item.kind == "COPY":
+      src = item.inputs[0].buffer
+      buf = rd.Buffer(dev, out.numel, out.dtype)
+      if out.numel: buf.copyin(src.numpy())
+      track.record_copy()
+    else:
+      k = item.kernel
+      for b in k.bufs:
+        if b.dtype not in dev.supported:
+          raise RuntimeError(f"device {dev.name} cannot run dtype {b.dtype.name}")
+      buf = rd.Buffer(dev, out.numel, out.dtype)
+      if out.numel:
+        listing = linearize(k)
+        program, src = dev.program(k, listing)
+        handles = [buf.handle] + [i.buffer.handle for i in item.inputs]
+        timed = track.wants_timing()
+        t0 = time.perf_counter()
+        dev.launch(program, k, handles)
+        if timed:
+          dev.synchronize()
+          dt_s = time.perf_counter() - t0
+          nbytes = sum(b.size * b.dtype.itemsize for b in k.bufs)
+          track.record(track.KernelRecord(k.name, dev.name, src if src is not None else format_listing(listing),
+                                          (k.global_size,), None, dt_s, k.flops, nbytes))
+    out.buffer = buf
+    gn.forget(out)

@@ -1,0 +1,60 @@
+"""Observability: what each launched kernel was, how long it ran, how fast.
+
+`with fusegrad.track() as t:` records every kernel launched inside the block in `t.kernels`;
+FUSEGRAD_DEBUG=1 prints each launch, FUSEGRAD_DEBUG=2 adds its source.
+"""
+from __future__ import annotations
+import contextlib
+from dataclasses import dataclass, field
+from fusegrad import config
+
+
+@dataclass
+class KernelRecord:
+  name: str
+  device: str
+  source: str
+  global_size: tuple
+  local_size: tuple | None
+  time_s: float
+  flops: int
+  bytes: int
+
+  @property
+  def gflops(self) -> float: return self.flops / self.time_s / 1e9 if self.time_s > 0 else 0.0
+  @property
+  def gbps(self) -> float: return self.bytes / self.time_s / 1e9 if self.time_s > 0 else 0.0
+
+
+@dataclass
+class Tracker:
+  kernels: list = field(default_factory=list)
+  copies: int = 0
+
+
+_active: list[Tracker] = []
+
+
+@contextlib.contextmanager
+def track():
+  t = Tracker()
+  _active.append(t)
+  try:
+    yield t
+  finally:
+    _active.remove(t)
+
+
+def wants_timing() -> bool: return bool(_active) or config.DEBUG >= 1
+
+
+def record(rec: KernelRecord) -> None:
+  for t in _active: t.kernels.append(rec)
+  if config.DEBUG >= 1:
+    print(f"fusegrad: {rec.device:7s} {rec.name:32s} gsize {str(rec.global_size):>12s} {rec.time_s*1e6:10.1f} us "
+          f"{rec.gflops:8.2f} GFLOP/s {rec.gbps:8.2f} GB/s")
+    if config.DEBUG >= 2 and rec.source: print(rec.source)
+
+
+def record_copy() -> None:
+  for t in _active: t.copies += 1

@@ -1,0 +1,192 @@
+"""Graph nodes: immutable, hash-consed records of one op on its sources.
+
+The same op on the same sources with the same argument is the same Node object, so common
+subexpressions are shared before any kernel exists. Constructors here check nothing the user
+controls (the frontend did that) but do the local rewrites that keep the graph small: views
+compose, views that change nothing vanish, constants fold.
+
+A node that has been computed keeps its result in `buffer` and forgets its sources, so the
+graph behind a realized tensor can be freed.
+"""
+from __future__ import annotations
+import math
+import weakref
+import numpy as np
+from fusegrad import dtype as dt
+from fusegrad.graph import ops
+from fusegrad.graph.view import View, prod
+
+
+class Node:
+  __slots__ = ("op", "dtype", "src", "arg", "shape", "device", "buffer", "__weakref__")
+
+  def __init__(self, op, dtype, src, arg, shape, device):
+    self.op, self.dtype, self.src, self.arg, self.shape, self.device = op, dtype, src, arg, shape, device
+    self.buffer = None
+
+  @property
+  def realized(self) -> bool: return self.buffer is not None
+  @property
+  def numel(self) -> int: return prod(self.shape)
+
+  def __repr__(self):
+    return f"<Node {self.op} {self.dtype.name}{list(self.shape)} {self.device}{' realized' if self.realized else ''}>"
+
+  def toposort(self) -> list["Node"]:
+    """Unrealized nodes reachable from here, sources first."""
+    out, seen, stack = [], set(), [(self, False)]
+    while stack:
+      n, done = stack.pop()
+      if done: out.append(n); continue
+      if id(n) in seen: continue
+      seen.add(id(n))
+      stack.append((n, True))
+      if not n.realized:
+        for s in n.src: stack.append((s, False))
+    return out
+
+
+_cache: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
+
+
+def _key_arg(arg):
+  if isinstance(arg, float) and math.isnan(arg): return ("nan",)
+  return arg
+
+
+def make(op, dtype, src, arg, shape, device) -> Node:
+  key = (op, dtype, tuple(id(s) for s in src), _key_arg(arg) if op != "CONST" else (type(arg), arg), shape, device)
+  n = _cache.get(key)
+  if n is None or n.realized:
+    n = Node(op, dtype, tuple(src), arg, tuple(shape), device)
+    _cache[key] = n
+  return n
+
+
+def forget(n: Node) -> None:
+  """Drop a realized node's sources and its hash-cons entry (its buffer now stands for it)."""
+  n.src = ()
+
+
+# ---- leaves -------------------------------------------------------------------------------------------
+
+def buffer_node(buf, dtype, shape, device) -> Node:
+  n = Node("BUFFER", dtype, (), None, tuple(shape), device)
+  n.buffer = buf
+  return n
+
+
+def cast_scalar(v, d: dt.DType):
+  """A Python scalar converted exactly as a store of dtype d would convert it."""
+  if d.is_bool: return bool(v)
+  if d.is_int:
+    if isinstance(v, float):
+      if math.isnan(v) or math.isinf(v): return 0
+      v = int(v)
+    return int(np.array(v).astype(np.int64).astype(d.np)) if d != dt.int64 else int(np.int64(v))
+  v = float(v)
+  if d in (dt.float16, dt.float32): return float(np.array(v, dtype=np.float64).astype(d.np if d != dt.bfloat16 else np.float32))
+  return v
+
+
+def const(value, dtype: dt.DType, shape=(), device="CPU") -> Node:
+  return make("CONST", dtype, (), cast_scalar(value, dtype), tuple(shape), device)
+
+
+def iota(n: int, dtype: dt.DType, device: str) -> Node:
+  """0, 1, …, n-1 computed inside the kernel from the index (no buffer)."""
+  return make("IOTA", dtype, (), None, (n,), device)
+
+
+def is_const(n: Node) -> bool: return n.op == "CONST"
+
+
+# ---- elementwise ----------------------------------------------------------------------------------------
+
+def alu(op: str, *src: Node) -> Node:
+  info = ops.ALU[op]
+  if op == "WHERE": d = src[1].dtype
+  elif info.bool_result: d = dt.bool_
+  else: d = src[0].dtype
+  if all(is_const(s) for s in src):  # constant folding
+    with np.errstate(all="ignore"):
+      vals = [np.array(s.arg, dtype=s.dtype.np if s.dtype != dt.bfloat16 else np.float32) for s in src]
+      v = info.ref(*vals)
+    return const(v.item(), d, src[0].shape, src[0].device)
+  s0 = src[0]
+  if op in ("ADD", "SUB") and is_const(src[1]) and src[1].arg == 0 and not d.is_bool: return s0
+  if op == "MUL" and is_const(src[1]) and src[1].arg == 1: return s0
+  if op == "DIV" and is_const(src[1]) and src[1].arg == 1: return s0
+  if op == "WHERE" and is_const(s0): return src[1] if s0.arg else src[2]
+  return make(op, d, src, None, s0.shape, s0.device)
+
+
+def cast(src: Node, dtype: dt.DType) -> Node:
+  if src.dtype == dtype: return src
+  if is_const(src): return const(src.arg, dtype, src.shape, src.device)
+  return make("CAST", dtype, (src,), None, src.shape, src.device)
+
+
+# ---- reductions -------------------------------------------------------------------------------------------
+
+def reduce_identity(op: str, d: dt.DType):
+  ident = ops.REDUCE[op][0]
+  if ident == "min": return d.min
+  if ident == "max": return d.max
+  return ident
+
+
+def reduce(src: Node, op: str, axes: tuple) -> Node:
+  """Reduce over axes, keeping them as size-1 dims."""
+  axes = tuple(sorted(a for a in axes if src.shape[a] != 1))
+  shape = tuple(1 if i in axes else s for i, s in enumerate(src.shape))
+  if not axes: return src
+  if prod(src.shape) == 0:
+    return const(reduce_identity(op, src.dtype), src.dtype, shape, src.device)
+  if is_const(src):
+    n = prod(src.shape[a] for a in axes)
+    if op == "SUM" and not src.dtype.is_bool: return const(src.arg * n, src.dtype, shape, src.device)
+    if op in ("MAX", "MIN"): return const(src.arg, src.dtype, shape, src.device)
+  return make("REDUCE", src.dtype, (src,), (op, axes), shape, src.device)
+
+
+# ---- movement: compose into one View where possible ------------------------------------------------------
+
+def _base_view(n: Node) -> tuple[Node, View]:
+  if n.op == "VIEW": return n.src[0], n.arg
+  return n, View.contiguous(n.shape)
+
+
+def _with_view(base: Node, v: View) -> Node:
+  if v.shape == base.shape and v.is_contiguous: return base
+  if is_const(base) and v.mask is None: return const(base.arg, base.dtype, v.shape, base.device)
+  return make("VIEW", base.dtype, (base,), v, v.shape, base.device)
+
+
+def movement(n: Node, op: str, arg) -> Node:
+  base, v = _base_view(n)
+  if op == "RESHAPE":
+    if tuple(arg) == n.shape: return n
+    nv = v.reshape(arg)
+    if nv is None: return _with_view(n, View.contiguous(n.shape).reshape(arg))
+    return _with_view(base, nv)
+  nv = {"PERMUTE": v.permute, "EXPAND": v.expand, "PAD": v.pad, "SHRINK": v.shrink,
+        "FLIP": v.flip, "STRIDE": v.stride}[op](arg)
+  return _with_view(base, nv)
+
+
+def gather(data: Node, pos: Node) -> Node:
+  """out[i] = data (flattened, contiguous) at position pos[i]; 0 where pos is out of range."""
+  return make("GATHER", data.dtype, (data, pos), None, pos.shape, data.device)
+
+
+# ---- boundaries -----------------------------------------------------------------------------------------------
+
+def contiguous(src: Node) -> Node:
+  if src.realized or src.op == "BUFFER": return src
+  return make("CONTIGUOUS", src.dtype, (src,), None, src.shape, src.device)
+
+
+def copy_to(src: Node, device: str) -> Node:
+  if src.device == device: return src
+  return make("COPY", src.dtype, (src,), device, src.shape, device)

@@ -1,0 +1,138 @@
+"""Views: how a node's elements are laid out over its source, without copying.
+
+A View maps an index tuple in its own shape to a flat position in the contiguous layout of its
+source (offset + sum of index*stride) and to a validity condition (the mask that padding leaves).
+Movement ops compose into one View when they can; when a reshape cannot be expressed over the
+current strides, the graph nests a new View over the old one instead of copying.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from functools import reduce
+import operator
+from fusegrad.graph import symbolic as sym
+
+
+def prod(xs) -> int: return reduce(operator.mul, xs, 1)
+
+
+def contiguous_strides(shape) -> tuple:
+  out, acc = [], 1
+  for s in reversed(shape):
+    out.append(acc if s != 1 else 0)
+    acc *= s
+  return tuple(reversed(out))
+
+
+@dataclass(frozen=True)
+class View:
+  shape: tuple
+  strides: tuple
+  offset: int = 0
+  mask: tuple | None = None   # per dim (lo, hi): valid iff lo <= i < hi
+
+  @staticmethod
+  def contiguous(shape) -> "View":
+    return View(tuple(shape), contiguous_strides(shape), 0, None)
+
+  @property
+  def is_contiguous(self) -> bool:
+    return self.offset == 0 and self.mask is None and self.strides == contiguous_strides(self.shape)
+
+  def index(self, idxs) -> tuple[sym.Lin, sym.Cond]:
+    """Flat source position and validity for an index tuple of symbolic expressions."""
+    flat = sym.const(self.offset)
+    for i, st in zip(idxs, self.strides):
+      if st: flat = flat + sym.mul(i, st)
+    valid = sym.TRUE
+    if self.mask is not None:
+      for i, (lo, hi), s in zip(idxs, self.mask, self.shape):
+        if lo > 0 or hi < s: valid = valid & sym.Cond.range(i, lo, hi)
+    return flat, valid
+
+  # ---- movement ops; the caller has checked the arguments ----------------------------------------
+  def _canonical(self, shape, strides, offset, mask) -> "View":
+    strides = tuple(0 if s == 1 else st for s, st in zip(shape, strides))
+    if mask is not None:
+      if any(lo >= hi for lo, hi in mask): mask = tuple((0, 0) for _ in shape)
+      elif all(lo == 0 and hi == s for (lo, hi), s in zip(mask, shape)): mask = None
+      else: mask = tuple(mask)
+    return View(tuple(shape), strides, offset, mask)
+
+  def permute(self, order) -> "View":
+    return self._canonical([self.shape[i] for i in order], [self.strides[i] for i in order], self.offset,
+                           None if self.mask is None else [self.mask[i] for i in order])
+
+  def expand(self, shape) -> "View":
+    mask = None
+    if self.mask is not None:
+      mask = [m if s == n else ((0, n) if m[1] > m[0] else (0, 0)) for m, s, n in zip(self.mask, self.shape, shape)]
+    return self._canonical(shape, [st if s == n else 0 for st, s, n in zip(self.strides, self.shape, shape)],
+                           self.offset, mask)
+
+  def shrink(self, bounds) -> "View":
+    offset = self.offset + sum(lo * st for (lo, _), st in zip(bounds, self.strides))
+    mask = None
+    if self.mask is not None:
+      mask = [(max(0, mlo - lo), max(0, min(hi, mhi) - lo)) for (mlo, mhi), (lo, hi) in zip(self.mask, bounds)]
+    return self._canonical([hi - lo for lo, hi in bounds], self.strides, offset, mask)
+
+  def pad(self, pads) -> "View":
+    """pads: per dim (before, after), both >= 0."""
+    mask = self.mask or tuple((0, s) for s in self.shape)
+    offset = self.offset - sum(b * st for (b, _), st in zip(pads, self.strides))
+    shape = [s + b + a for s, (b, a) in zip(self.shape, pads)]
+    mask = [(lo + b, hi + b) for (lo, hi), (b, _) in zip(mask, pads)]
+    return self._canonical(shape, self.strides, offset, mask)
+
+  def flip(self, axes) -> "View":
+    strides, offset, mask = list(self.strides), self.offset, list(self.mask) if self.mask else None
+    for a in axes:
+      s = self.shape[a]
+      if s <= 0: continue
+      offset += (s - 1) * strides[a]
+      strides[a] = -strides[a]
+      if mask is not None: mask[a] = (s - mask[a][1], s - mask[a][0])
+    return self._canonical(self.shape, strides, offset, mask)
+
+  def stride(self, steps) -> "View":
+    """Keep every step-th element along each dim (step >= 1), starting at 0."""
+    shape = [(s + k - 1) // k for s, k in zip(self.shape, steps)]
+    strides = [st * k for st, k in zip(self.strides, steps)]
+    mask = None
+    if self.mask is not None:
+      mask = [((lo + k - 1) // k, (hi + k - 1) // k) for (lo, hi), k in zip(self.mask, steps)]
+    return self._canonical(shape, strides, self.offset, mask)
+
+  def reshape(self, shape) -> "View | None":
+    """The same elements under a new shape, or None when these strides cannot express it."""
+    shape = tuple(shape)
+    if self.shape == shape: return self
+    if prod(self.shape) == 0: return View.contiguous(shape)
+    if self.is_contiguous: return View.contiguous(shape)
+    if self.mask is not None:
+      # only inserting or removing size-1 dims keeps a mask expressible per dim
+      if [s for s in self.shape if s != 1] != [s for s in shape if s != 1]: return None
+      if any(m != (0, 1) for s, m in zip(self.shape, self.mask) if s == 1): return None
+      kept = [(st, m) for s, st, m in zip(self.shape, self.strides, self.mask) if s != 1]
+      it = iter(kept)
+      strides, mask = [], []
+      for s in shape:
+        if s == 1: strides.append(0); mask.append((0, 1))
+        else:
+          st, m = next(it)
+          strides.append(st); mask.append(m)
+      return self._canonical(shape, strides, self.offset, mask)
+    # merge old dims into groups that are contiguous with each other, then split groups into new dims
+    groups = []  # [size, innermost stride]
+    for s, st in zip(self.shape, self.strides):
+      if s == 1: continue
+      if groups and groups[-1][1] == st * s: groups[-1] = [groups[-1][0] * s, st]
+      else: groups.append([s, st])
+    strides, gi = [], 0
+    for s in shape:
+      if s == 1: strides.append(0); continue
+      while gi < len(groups) and groups[gi][0] == 1: gi += 1
+      if gi >= len(groups) or groups[gi][0] % s: return None
+      groups[gi][0] //= s
+      strides.append(groups[gi][1] * groups[gi][0])
+    return self._canonical(shape, strides, self.offset, None)

@@ -1,0 +1,117 @@
+"""The CPU device: C rendered by codegen/renderer/cstyle.py, compiled by the system's C compiler
+into a shared library, loaded with ctypes and run over all cores by a pool of threads (ctypes
+releases the GIL during the call, so the threads run in parallel).
+"""
+from __future__ import annotations
+import ctypes
+import functools
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+from fusegrad import config
+from fusegrad.runtime import cache
+from fusegrad.runtime.device import Device, CompileError
+from fusegrad.codegen.renderer.cstyle import CRenderer
+
+FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv", "-std=gnu11"]
+# below this much estimated work a kernel runs on the calling thread: a hand-off costs more
+PARALLEL_MIN_WORK = 1 << 16
+
+
+@functools.lru_cache(None)
+def find_compiler() -> tuple[str, str]:
+  """(path, version line) of the C compiler: FUSEGRAD_CC, else clang, gcc or cc from PATH."""
+  names = [config.CC] if config.CC else ["clang", "gcc", "cc"]
+  for n in names:
+    path = shutil.which(n)
+    if path:
+      try:
+        ver = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+      except (OSError, subprocess.SubprocessError):
+        continue
+      return path, (ver[0] if ver else n)
+  raise RuntimeError("the CPU device needs a C compiler and found none "
+                     f"(looked for {', '.join(names)} on PATH); install clang or gcc, or set FUSEGRAD_CC")
+
+
+@functools.lru_cache(None)
+def _host_id() -> str:
+  """-march=native binaries belong to this CPU: key the cache by its model and flags."""
+  info = ""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith(("model name", "flags")): info += line
+        if line.strip() == "": break
+  except OSError:
+    pass
+  return platform.machine() + platform.system() + info
+
+
+class CPUDevice(Device):
+  def __init__(self):
+    super().__init__("CPU", CRenderer())
+    self.threads = config.THREADS or os.cpu_count() or 1
+    self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fusegrad-cpu") if self.threads > 1 else None
+    self.compiles = 0         # compiler invocations in this process (tests read it)
+    self._lock = threading.Lock()
+    self._tmp = tempfile.mkdtemp(prefix="fusegrad-")
+
+  def alloc(self, nbytes: int): return np.empty(max(nbytes, 1), dtype=np.uint8)
+  def copyin(self, handle, src: np.ndarray) -> None: handle[:src.nbytes] = src
+  def copyout(self, dst: np.ndarray, handle) -> None: dst[:] = handle[:dst.nbytes]
+
+  def compile(self, name: str, source: str):
+    cc, ver = find_compiler()
+    key = cache.key_of(source, cc, ver, " ".join(FLAGS), _host_id())
+    binary = cache.get(key)
+    if binary is None:
+      binary = self._build(cc, source)
+      cache.put(key, binary)
+    path = os.path.join(self._tmp, key + ".so")
+    with open(path, "wb") as f: f.write(binary)
+    try:
+      lib = ctypes.CDLL(path)
+    except OSError as e:
+      raise CompileError(f"could not load the compiled kernel {name}: {e}") from None
+    finally:
+      os.unlink(path)
+    fn = getattr(lib, name)
+    fn.restype = None
+    fn._lib = lib  # keep the library loaded as long as the function lives
+    return fn
+
+  def _build(self, cc: str, source: str) -> bytes:
+    with self._lock: self.compiles += 1
+    with tempfile.TemporaryDirectory(dir=self._tmp) as d:
+      out = os.path.join(d, "k.so")
+      try:
+        r = subprocess.run([cc, *FLAGS, "-x", "c", "-", "-o", out, "-lm"], input=source, capture_output=True,
+                           text=True, timeout=300)
+      except (OSError, subprocess.SubprocessError) as e:
+        raise CompileError(f"running the C compiler {cc} failed: {e}\n--- source ---\n{source}") from None
+      if r.returncode != 0:
+        raise CompileError(f"the C compiler ({cc}) rejected a kernel:\n{r.stderr.strip()}\n--- source ---\n{source}")
+      with open(out, "rb") as f: return f.read()
+
+  def launch(self, program, kernel, handles: list) -> None:
+    ptrs = [ctypes.c_void_p(h.ctypes.data) for h in handles]
+    n = kernel.global_size
+    work = kernel.flops + sum(b.size for b in kernel.bufs)
+    if self.pool is None or n < 2 or work < PARALLEL_MIN_WORK:
+      program(*ptrs, ctypes.c_longlong(0), ctypes.c_longlong(n))
+      return
+    parts = min(self.threads, n)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    futs = [self.pool.submit(program, *ptrs, ctypes.c_longlong(bounds[i]), ctypes.c_longlong(bounds[i + 1]))
+            for i in range(1, parts)]
+    program(*ptrs, ctypes.c_longlong(bounds[0]), ctypes.c_longlong(bounds[1]))
+    for f in futs: f.result()
+
+
+def create() -> Device: return CPUDevice()

@@ -1,0 +1,93 @@
+"""Devices are plug-ins: an allocator, a renderer, a compiler and a launcher behind one interface.
+
+The registry maps a device name to the module that implements it; the module is imported the
+first time the device is used, so nothing above the runtime imports a backend.
+"""
+from __future__ import annotations
+import importlib
+import time
+from dataclasses import dataclass, field
+import numpy as np
+from fusegrad import dtype as dt
+
+BACKENDS = {"CPU": "fusegrad.runtime.cpu", "OPENCL": "fusegrad.runtime.opencl", "PYTHON": "fusegrad.runtime.python"}
+_devices: dict = {}
+
+
+class CompileError(RuntimeError):
+  """A kernel failed to compile; the message carries the source and the compiler's words."""
+
+
+def canonical(name) -> str:
+  if name is None:
+    from fusegrad import config
+    name = config.DEVICE
+  if isinstance(name, Device): return name.name
+  s = str(name).upper()
+  base = s.split(":")[0]
+  if base not in BACKENDS:
+    raise RuntimeError(f"unknown device {name!r}; known devices: {', '.join(BACKENDS)}")
+  return base
+
+
+def get(name) -> "Device":
+  name = canonical(name)
+  d = _devices.get(name)
+  if d is None:
+    mod = importlib.import_module(BACKENDS[name])
+    d = _devices[name] = mod.create()
+  return d
+
+
+class Buffer:
+  """Device memory for `size` elements of `dtype`; allocated on first use."""
+  __slots__ = ("device", "size", "dtype", "_handle", "__weakref__")
+
+  def __init__(self, device: "Device", size: int, dtype: dt.DType):
+    self.device, self.size, self.dtype, self._handle = device, size, dtype, None
+
+  @property
+  def nbytes(self) -> int: return self.size * self.dtype.itemsize
+  @property
+  def handle(self):
+    if self._handle is None: self._handle = self.device.alloc(self.nbytes)
+    return self._handle
+
+  def copyin(self, arr: np.ndarray) -> "Buffer":
+    arr = np.ascontiguousarray(arr).reshape(-1)
+    if arr.size != self.size: raise ValueError(f"copyin of {arr.size} elements into a buffer of {self.size}")
+    self.device.copyin(self.handle, arr.view(np.uint8) if arr.size else arr)
+    return self
+
+  def numpy(self) -> np.ndarray:
+    out = np.empty(self.size, dtype=self.dtype.np)
+    if self.size: self.device.copyout(out.view(np.uint8), self.handle)
+    return out
+
+
+@dataclass
+class Device:
+  """What a backend provides. Subclasses fill in the methods; `renderer` may be None (PYTHON)."""
+  name: str
+  renderer: object = None
+  supported: frozenset = frozenset(dt.ALL)
+  programs: dict = field(default_factory=dict)   # source -> compiled program (in-memory cache)
+
+  def alloc(self, nbytes: int): raise NotImplementedError
+  def copyin(self, handle, src: np.ndarray) -> None: raise NotImplementedError
+  def copyout(self, dst: np.ndarray, handle) -> None: raise NotImplementedError
+  def compile(self, name: str, source: str): raise NotImplementedError
+  def launch(self, program, kernel, handles: list) -> None: raise NotImplementedError
+  def synchronize(self) -> None: pass
+
+  def program(self, kernel, listing):
+    """Render and compile a kernel, through the in-memory cache. Returns (program, source)."""
+    src = self.renderer.render(kernel, listing) if self.renderer is not None else None
+    key = src if src is not None else id(kernel)
+    p = self.programs.get(key)
+    if p is None:
+      p = self.compile(kernel.name, src) if src is not None else self.compile_listing(kernel, listing)
+      if src is not None: self.programs[key] = p
+    return p, src
+
+  def compile_listing(self, kernel, listing): raise NotImplementedError

@@ -1,0 +1,79 @@
+"""Fusion: cut the graph behind some nodes into as few kernels as possible.
+
+A node gets a kernel (and a buffer) of its own only when it must: it was asked for, it is a
+CONTIGUOUS or a COPY boundary, or fusing it would cost work — a reduction that several kernels
+need, or one the lowering refuses (codegen/lower.py says why). Everything else — elementwise
+chains, views, reductions and what follows them — is inlined into the kernel that consumes it.
+"""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from fusegrad.graph.node import Node
+from fusegrad.codegen.lower import lower, NeedsRealize
+from fusegrad.codegen.ir import Kernel
+
+
+@dataclass
+class ScheduleItem:
+  kind: str                 # "KERNEL" or "COPY"
+  outputs: list
+  inputs: list
+  kernel: Kernel | None = None
+
+
+def _needs_kernel(n: Node) -> bool:
+  return not n.realized and n.op not in ("BUFFER",)
+
+
+def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
+  roots = [r for r in roots if _needs_kernel(r)]
+  if not roots: return []
+  order: list[Node] = []
+  seen = set()
+  for r in roots:
+    for n in r.toposort():
+      if id(n) not in seen:
+        seen.add(id(n)); order.append(n)
+  cut = {id(r) for r in roots}
+  for n in order:
+    if n.op in ("CONTIGUOUS", "COPY"): cut.add(id(n))
+    if n.op in ("COPY", "GATHER") and not n.src[0].realized: cut.add(id(n.src[0]))
+
+  is_boundary = lambda n: id(n) in cut or n.realized
+  lowered: dict[int, tuple] = {}
+  while True:
+    changed = False
+    # a reduction that two kernels would both compute gets its own kernel
+    users: dict[int, set] = {}
+    for n in order:
+      if id(n) not in cut or n.op == "COPY": continue
+      stack, seen_k = [n], set()
+      while stack:
+        x = stack.pop()
+        for s in x.src:
+          if s.realized or id(s) in cut or id(s) in seen_k: continue
+          seen_k.add(id(s))
+          if s.op == "REDUCE": users.setdefault(id(s), set()).add(id(n))
+          stack.append(s)
+    for n in order:
+      if len(users.get(id(n), ())) > 1 and id(n) not in cut:
+        cut.add(id(n)); changed = True
+    if changed: lowered.clear(); continue
+    for n in order:
+      if id(n) not in cut or n.op == "COPY" or id(n) in lowered: continue
+      try:
+        lowered[id(n)] = lower([n], is_boundary)
+      except NeedsRealize as e:
+        cut.add(id(e.node))
+        changed = True
+        break
+    if not changed: break
+    lowered.clear()
+
+  items = []
+  for n in order:
+    if id(n) not in cut: continue
+    if n.op == "COPY": items.append(ScheduleItem("COPY", [n], [n.src[0]]))
+    else:
+      k, inputs = lowered[id(n)]
+      items.append(ScheduleItem("KERNEL", [n], inputs, k))
+  return items

@@ -1,0 +1,1358 @@
+"""Tensor: PyTorch's names and semantics over a lazy graph.
+
+Every method checks its arguments (raising the exception PyTorch would, naming shapes, dtypes and
+axes) and then records graph nodes (graph/node.py); nothing runs until a value is asked for. Ops
+PyTorch composes from primitives are composed here the same way, so the kernels see only the
+primitive table of graph/ops.py.
+"""
+from __future__ import annotations
+import builtins
+import math
+from collections import namedtuple
+from typing import Sequence
+import numpy as np
+from fusegrad import dtype as dt
+from fusegrad.dtype import DType
+from fusegrad.graph import node as gn
+from fusegrad.graph.node import Node
+from fusegrad.graph.view import prod
+from fusegrad.runtime import device as rd
+
+ReturnMinMax = namedtuple("return_types", ["values", "indices"])
+
+# a reduction over at least this many elements into few outputs runs as two kernels (split reduce)
+SPLIT_REDUCE_MIN = 1 << 15
+
+
+# ---- argument checking --------------------------------------------------------------------------------
+
+def _norm_dim(dim: int, ndim: int) -> int:
+  if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+    raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+  lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
+  if not lo <= dim <= hi:
+    raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], but got {dim})")
+  return int(dim) % max(ndim, 1)
+
+
+def _norm_dims(dims, ndim: int) -> tuple:
+  if dims is None: return tuple(range(ndim))
+  if isinstance(dims, (int, np.integer)): dims = (dims,)
+  out = tuple(_norm_dim(d, ndim) for d in dims)
+  if len(set(out)) != len(out): raise RuntimeError(f"dim {tuple(dims)} appears multiple times in the list of dims")
+  return out if ndim > 0 else ()
+
+
+def _shape_arg(shape) -> tuple:
+  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+  out = []
+  for s in shape:
+    if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+      raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    out.append(int(s))
+  return tuple(out)
+
+
+def broadcast_shapes(*shapes) -> tuple:
+  nd = max((len(s) for s in shapes), default=0)
+  out = []
+  for i in range(nd):
+    size = 1
+    for s in shapes:
+      d = s[i - nd + len(s)] if i - nd + len(s) >= 0 else 1
+      if d != 1:
+        if size != 1 and d != size:
+          a, b = [x for x in shapes if (x[i - nd + len(x)] if i - nd + len(x) >= 0 else 1) != 1][:2]
+          raise RuntimeError(f"The size of tensor a ({size}) must match the size of tensor b ({d}) at non-singleton "
+                             f"dimension {i} (shapes {tuple(shapes[0])} and {tuple(shapes[1]) if len(shapes) > 1 else ()})")
+        size = d
+    out.append(size)
+  return tuple(out)
+
+
+def _is_scalar(x) -> bool: return isinstance(x, (int, float, bool, np.integer, np.floating, np.bool_))
+
+
+# ---- the tensor ----------------------------------------------------------------------------------------------
+
+class Tensor:
+  __slots__ = ("node", "requires_grad", "grad", "__weakref__")
+  __hash__ = object.__hash__
+  __array_priority__ = 1000   # numpy defers to our reflected operators
+
+  def __init__(self, data=None, dtype=None, device=None, requires_grad: bool = False, *, _node: Node | None = None):
+    self.requires_grad, self.grad = requires_grad, None
+    if _node is not None:
+      self.node = _node
+      return
+    devname = rd.canonical(device)
+    d = dt.to_dtype(dtype) if dtype is not None else None
+    if isinstance(data, Tensor):
+      t = data.to(devname)
+      self.node = (t.to(d) if d is not None else t).node
+      return
+    arr = _to_numpy(data, d)
+    d = d or dt.from_numpy(arr.dtype)
+    _check_device_dtype(devname, d)
+    if arr.size == 1 and arr.ndim <= 1 and d != dt.bfloat16:   # small constants need no buffer
+      self.node = gn.const(arr.reshape(-1)[0].item(), d, arr.shape, devname)
+      return
+    buf = rd.Buffer(rd.get(devname), arr.size, d)
+    if arr.size: buf.copyin(_host_bits(arr, d))
+    self.node = gn.buffer_node(buf, d, arr.shape, devname)
+
+  # ---- basic properties ----
+  @property
+  def shape(self) -> tuple: return self.node.shape
+  @property
+  def dtype(self) -> DType: return self.node.dtype
+  @property
+  def device(self) -> str: return self.node.device
+  @property
+  def ndim(self) -> int: return len(self.node.shape)
+  def dim(self) -> int: return self.ndim
+  def numel(self) -> int: return prod(self.shape)
+  nelement = numel
+  def element_size(self) -> int: return self.dtype.itemsize
+  def is_floating_point(self) -> bool: return self.dtype.is_float
+  def size(self, dim: int | None = None):
+    return self.shape if dim is None else self.shape[_norm_dim(dim, self.ndim)]
+  @property
+  def T(self) -> "Tensor": return self.permute(*reversed(range(self.ndim)))
+  @property
+  def mT(self) -> "Tensor":
+    if self.ndim < 2: raise RuntimeError(f"tensor.mT is only supported on matrices or batches of matrices. Got {self.ndim}-D tensor.")
+    return self.transpose(-2, -1)
+
+  def _new(self, node: Node) -> "Tensor": return Tensor(_node=node)
+
+  # ---- realizing ----
+  def realize(self) -> "Tensor":
+    from fusegrad.engine.realize import realize
+    realize(self.node)
+    return self
+
+  def contiguous(self) -> "Tensor":
+    if self.node.realized or self.node.op == "BUFFER": return self
+    return self._new(gn.contiguous(self.node))
+
+  def numpy(self) -> np.ndarray:
+    if self.dtype == dt.bfloat16:
+      raise TypeError("Got unsupported ScalarType BFloat16: numpy has no bfloat16; call .float() first")
+    n = self.node
+    if n.op == "CONST" and not n.realized:
+      return np.full(self.shape, n.arg, dtype=self.dtype.np)
+    node = n if n.op == "BUFFER" or n.realized else gn.contiguous(n)
+    if not node.realized and node.op != "BUFFER":
+      from fusegrad.engine.realize import realize
+      realize(node)
+    if node is not n and n.op in ("CONTIGUOUS",): pass
+    return node.buffer.numpy().reshape(self.shape)
+
+  def __array__(self, dtype=None, copy=None):
+    a = self.numpy()
+    return a.astype(dtype) if dtype is not None else a
+
+  def item(self):
+    if self.numel() != 1:
+      raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
+    if self.dtype == dt.bfloat16: return self.float().item()
+    return self.numpy().reshape(()).item()
+
+  def tolist(self):
+    if self.dtype == dt.bfloat16: return self.float().tolist()
+    return self.numpy().tolist()
+
+  def __repr__(self) -> str:
+    if self.dtype == dt.bfloat16: body = np.array2string(self.float().numpy(), separator=", ", precision=4)
+    else: body = np.array2string(self.numpy(), separator=", ", precision=4)
+    extra = ""
+    if self.device != "CPU": extra += f", device='{self.device}'"
+    if self.dtype not in (dt.float32, dt.int64, dt.bool_): extra += f", dtype={self.dtype!r}"
+    if self.requires_grad: extra += ", requires_grad=True"
+    return f"tensor({body}{extra})"
+
+  def __len__(self) -> int:
+    if self.ndim == 0: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+
+  def __iter__(self):
+    if self.ndim == 0: raise TypeError("iteration over a 0-d tensor")
+    return (self[i] for i in range(self.shape[0]))
+
+  def __bool__(self) -> bool:
+    if self.numel() != 1:
+      raise RuntimeError(f"Boolean value of Tensor with {self.numel()} values is ambiguous")
+    return bool(self.item())
+  def __float__(self) -> float: return float(self.item())
+  def __int__(self) -> int: return int(self.item())
+  def __index__(self) -> int:
+    if not (self.dtype.is_int or self.dtype.is_bool) or self.numel() != 1:
+      raise TypeError("only integer tensors of a single element can be converted to an index")
+    return int(self.item())
+
+  # ---- devices and dtypes ----
+  def to(self, *args, **kwargs) -> "Tensor":
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+      if isinstance(a, Tensor): device, dtype = a.device, a.dtype
+      elif isinstance(a, DType) or (not isinstance(a, str) and a in (builtins.float, builtins.int, builtins.bool)): dtype = a
+      elif isinstance(a, str) and a in dt.BY_NAME: dtype = a
+      else: device = a
+    out = self
+    if dtype is not None: out = out._cast(dt.to_dtype(dtype))
+    if device is not None:
+      dev = rd.canonical(device)
+      if dev != out.device:
+        _check_device_dtype(dev, out.dtype)
+        out = out._new(gn.copy_to(out.node, dev))
+    return out
+
+  def cpu(self) -> "Tensor": return self.to("CPU")
+  def type(self, dtype=None):
+    if dtype is None: return f"fusegrad.{self.dtype.name}"
+    return self._cast(dt.to_dtype(dtype))
+  def _cast(self, d: DType) -> "Tensor":
+    if d == self.dtype: return self
+    _check_device_dtype(self.device, d)
+    return self._new(gn.cast(self.node, d))
+  def float(self): return self._cast(dt.float32)
+  def half(self): return self._cast(dt.float16)
+  def double(self): return self._cast(dt.float64)
+  def bfloat16(self): return self._cast(dt.bfloat16)
+  def int(self): return self._cast(dt.int32)
+  def long(self): return self._cast(dt.int64)
+  def short(self): return self._cast(dt.int16)
+  def char(self): return self._cast(dt.int8)
+  def byte(self): return self._cast(dt.uint8)
+  def bool(self): return self._cast(dt.bool_)
+
+  # ---- elementwise machinery ----
+  def _operand(self, x, d: DType) -> "Tensor":
+    if isinstance(x, Tensor):
+      if x.device != self.device:
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{self.device} and {x.device}!")
+      return x._cast(d)
+    if _is_scalar(x) or isinstance(x, np.ndarray) and x.ndim == 0:
+      return self._new(gn.const(x.item() if isinstance(x, np.generic | np.ndarray) else x, d, (), self.device))
+    if isinstance(x, (list, tuple, np.ndarray)): return Tensor(x, device=self.device)._cast(d)
+    raise TypeError(f"unsupported operand type {type(x).__name__} for a Tensor op")
+
+  def _broadcast_to(self, shape) -> "Tensor":
+    if self.shape == tuple(shape): return self
+    n = self.node
+    if len(shape) > self.ndim: n = gn.movement(n, "RESHAPE", (1,) * (len(shape) - self.ndim) + self.shape)
+    return self._new(gn.movement(n, "EXPAND", tuple(shape)))
+
+  def _alu(self, op: str, *others, dtype: DType | None = None, out: DType | None = None) -> "Tensor":
+    """Apply a primitive op with PyTorch's promotion and broadcasting; `dtype` forces the compute dtype."""
+    d = dtype or dt.result_type(self, *others)
+    ts = [self._cast(d)] + [self._operand(o, d) for o in others]
+    shape = broadcast_shapes(*[t.shape for t in ts])
+    ts = [t._broadcast_to(shape) for t in ts]
+    r = self._new(gn.alu(op, *[t.node for t in ts]))
+    return r._cast(out) if out is not None else r
+
+  def _float_dtype(self, *others) -> DType:
+    d = dt.result_type(self, *others)
+    return d if d.is_float else dt.default_float
+
+  def _unary_float(self, op: str) -> "Tensor":
+    return self._cast(self._float_dtype())._alu(op)
+
+  # ---- unary ----
+  def neg(self):
+    if self.dtype.is_bool:
+      raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. Use logical_not() instead.")
+    return self._alu("NEG")
+  def exp(self): return self._unary_float("EXP")
+  def exp2(self): return (self._cast(self._float_dtype()) * math.log(2)).exp()
+  def expm1(self): return self.exp() - 1
+  def log(self): return self._unary_float("LOG")
+  def log2(self): return self.log() * (1 / math.log(2))
+  def log10(self): return self.log() * (1 / math.log(10))
+  def log1p(self): return (self._cast(self._float_dtype()) + 1).log()
+  def sqrt(self): return self._unary_float("SQRT")
+  def rsqrt(self): return self.sqrt().reciprocal()
+  def sin(self): return self._unary_float("SIN")
+  def cos(self): return self._unary_float("COS")
+  def tan(self): return self._unary_float("TAN")
+  def tanh(self): return self._unary_float("TANH")
+  def erf(self): return self._unary_float("ERF")
+  def reciprocal(self): return self._unary_float("RECIP")
+  def abs(self): return self if self.dtype.is_bool or self.dtype.is_unsigned else self._alu("ABS")
+  def square(self): return self * self
+  def sign(self):
+    if self.dtype.is_bool: return self
+    z = self._new(gn.const(0, self.dtype, (), self.device))
+    return (self > 0)._cast(self.dtype) - (self < 0)._cast(self.dtype) + self * z  # the last term keeps NaN
+  def floor(self): return self if not self.dtype.is_float else self._alu("FLOOR")
+  def ceil(self): return self if not self.dtype.is_float else self._alu("CEIL")
+  def trunc(self): return self if not self.dtype.is_float else self._alu("TRUNC")
+  def round(self, decimals: int = 0):
+    if not self.dtype.is_float: return self
+    if decimals == 0: return self._alu("RINT")
+    s = 10.0 ** decimals
+    return (self * s)._alu("RINT") / s
+  def frac(self): return self - self.trunc()
+  def isnan(self): return self._alu("ISNAN") if self.dtype.is_float else self._new(gn.const(False, dt.bool_, self.shape, self.device))
+  def isinf(self):
+    if not self.dtype.is_float: return self._new(gn.const(False, dt.bool_, self.shape, self.device))
+    return self.abs() == float("inf")
+  def isfinite(self): return (self.isnan() | self.isinf()).logical_not()
+  def logical_not(self): return self._cast(dt.bool_)._alu("NOT")
+  def bitwise_not(self):
+    if self.dtype.is_float: raise TypeError(f"bitwise_not is only supported for integer and boolean tensors, got {self.dtype.name}")
+    return self._alu("NOT")
+  def relu(self): return self.maximum(self._new(gn.const(0, self.dtype, (), self.device))) if not self.dtype.is_bool else self
+  def sigmoid(self):
+    x = self._cast(self._float_dtype())
+    return (1 + (-x).exp()).reciprocal()
+  def silu(self): return self * self.sigmoid()
+  def gelu(self, approximate: str = "none"):
+    x = self._cast(self._float_dtype())
+    if approximate == "tanh":
+      return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+    if approximate != "none": raise ValueError(f"approximate argument must be either none or tanh, got {approximate!r}")
+    return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
+  def elu(self, alpha: float = 1.0):
+    x = self._cast(self._float_dtype())
+    return where(x > 0, x, alpha * x.expm1())
+  def leaky_relu(self, negative_slope: float = 0.01):
+    x = self._cast(self._float_dtype())
+    return where(x > 0, x, x * negative_slope)
+  def softplus(self, beta: float = 1.0, threshold: float = 20.0):
+    x = self._cast(self._float_dtype())
+    return where(x * beta > threshold, x, (x * beta).exp().log1p() / beta)
+  def mish(self): return self * self.softplus().tanh()
+  def hardtanh(self, min_val=-1.0, max_val=1.0): return self.clamp(min_val, max_val)
+  def relu6(self): return self.clamp(0, 6)
+  def hardsigmoid(self): return (self / 6 + 0.5).clamp(0, 1)
+  def hardswish(self): return self * self.hardsigmoid()
+
+  # ---- binary ----
+  def add(self, other, alpha=None):
+    if alpha is not None: other = other * alpha
+    d = dt.result_type(self, other)
+    return self._alu("OR" if d.is_bool else "ADD", other)
+  def sub(self, other, alpha=None):
+    if alpha is not None: other = other * alpha
+    d = dt.result_type(self, other)
+    if d.is_bool: raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                                     "Use the `^` or `logical_xor()` operator instead.")
+    return self._alu("SUB", other)
+  def mul(self, other):
+    d = dt.result_type(self, other)
+    return self._alu("AND" if d.is_bool else "MUL", other)
+  def div(self, other, rounding_mode: str | None = None):
+    if rounding_mode is None:
+      d = self._float_dtype(other)
+      return self._alu("DIV", other, dtype=d)
+    if rounding_mode == "trunc":
+      d = dt.result_type(self, other)
+      q = self._alu("DIV", other, dtype=d)
+      return q.trunc() if d.is_float else q
+    if rounding_mode == "floor": return self.floor_divide(other)
+    raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r}")
+  true_divide = div
+  def floor_divide(self, other):
+    d = dt.result_type(self, other)
+    if d.is_bool: d = dt.int64 if False else d
+    if d.is_float: return self._alu("DIV", other, dtype=d).floor()
+    a, b = self._cast(d), self._operand(other, d)
+    q = a._alu("DIV", b)
+    r = a._alu("MOD", b)
+    adjust = (r != 0) & ((r < 0) != (b < 0))
+    return q - adjust._cast(d)
+  def remainder(self, other):
+    d = dt.result_type(self, other)
+    a, b = self._cast(d), self._operand(other, d)
+    r = a._alu("MOD", b)
+    adjust = (r != 0) & ((r < 0) != (b < 0))
+    return where(adjust, r + b, r)
+  def fmod(self, other): return self._alu("MOD", other)
+  def pow(self, exponent):
+    if _is_scalar(exponent) and not isinstance(exponent, bool):
+      if exponent == 2: return self * self
+      if exponent == 1: return self._cast(dt.result_type(self, exponent))
+      if exponent == 0.5 and self.dtype.is_float: return self.sqrt()
+      if exponent == -1 and self.dtype.is_float: return self.reciprocal()
+    d = dt.result_type(self, exponent)
+    if d.is_float: return self._alu("POW", exponent, dtype=d)
+    # integer powers: exact through float64 for the range where they fit
+    r = self._cast(dt.float64)._alu("POW", exponent, dtype=dt.float64)
+    return r.round()._cast(d)
+  def maximum(self, other): return self._alu("MAX", other)
+  def minimum(self, other): return self._alu("MIN", other)
+  def fmax(self, other):
+    o = self._operand(other, dt.result_type(self, other))
+    return where(self.isnan(), o, where(o.isnan(), self, self.maximum(o)))
+  def fmin(self, other):
+    o = self._operand(other, dt.result_type(self, other))
+    return where(self.isnan(), o, where(o.isnan(), self, self.minimum(o)))
+  def eq(self, other): return self._alu("CMPEQ", other)
+  def ne(self, other): return self._alu("CMPNE", other)
+  def lt(self, other): return self._alu("CMPLT", other)
+  def le(self, other): return self._alu("CMPLE", other)
+  def gt(self, other): return _rev(other, self)._alu("CMPLT", self) if isinstance(other, Tensor) else self._gt_scalar(other)
+  def ge(self, other): return _rev(other, self)._alu("CMPLE", self) if isinstance(other, Tensor) else self._ge_scalar(other)
+  def _gt_scalar(self, other):
+    d = dt.result_type(self, other)
+    return self._operand(other, d)._broadcast_to(self.shape)._alu("CMPLT", self._cast(d), dtype=d)
+  def _ge_scalar(self, other):
+    d = dt.result_type(self, other)
+    return self._operand(other, d)._broadcast_to(self.shape)._alu("CMPLE", self._cast(d), dtype=d)
+  def logical_and(self, other): return self._cast(dt.bool_)._alu("AND", _as_bool(other, self))
+  def logical_or(self, other): return self._cast(dt.bool_)._alu("OR", _as_bool(other, self))
+  def logical_xor(self, other): return self._cast(dt.bool_)._alu("XOR", _as_bool(other, self))
+  def _bitwise(self, op, other):
+    d = dt.result_type(self, other)
+    if d.is_float:
+      raise RuntimeError(f"bitwise ops are only supported for integer and boolean tensors, got {d.name}")
+    return self._alu(op, other)
+  def bitwise_and(self, other): return self._bitwise("AND", other)
+  def bitwise_or(self, other): return self._bitwise("OR", other)
+  def bitwise_xor(self, other): return self._bitwise("XOR", other)
+  def bitwise_left_shift(self, other): return self._bitwise("SHL", other)
+  def bitwise_right_shift(self, other): return self._bitwise("SHR", other)
+  def where(self, condition, other): return where(condition, self, other)
+  def clamp(self, min=None, max=None):
+    if min is None and max is None: raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    out = self
+    if min is not None: out = out.maximum(min)
+    if max is not None: out = out.minimum(max)
+    return out
+  clip = clamp
+  def clamp_min(self, min): return self.clamp(min=min)
+  def clamp_max(self, max): return self.clamp(max=max)
+  def lerp(self, end, weight):
+    d = self._float_dtype(end)
+    s = self._cast(d)
+    return s + weight * (s._operand(end, d) - s)
+  def addcmul(self, t1, t2, value=1): return self + value * t1 * t2
+  def addcdiv(self, t1, t2, value=1): return self + value * t1 / t2
+
+  __add__ = add
+  __sub__ = sub
+  __mul__ = mul
+  __truediv__ = div
+  __floordiv__ = floor_divide
+  __mod__ = remainder
+  __pow__ = pow
+  __and__ = bitwise_and
+  __or__ = bitwise_or
+  __xor__ = bitwise_xor
+  __lshift__ = bitwise_left_shift
+  __rshift__ = bitwise_right_shift
+  def __radd__(self, o): return _rev(o, self).add(self)
+  def __rsub__(self, o): return _rev(o, self).sub(self)
+  def __rmul__(self, o): return _rev(o, self).mul(self)
+  def __rtruediv__(self, o): return _rev(o, self).div(self)
+  def __rfloordiv__(self, o): return _rev(o, self).floor_divide(self)
+  def __rmod__(self, o): return _rev(o, self).remainder(self)
+  def __rpow__(self, o): return _rev(o, self).pow(self)
+  def __rand__(self, o): return _rev(o, self).bitwise_and(self)
+  def __ror__(self, o): return _rev(o, self).bitwise_or(self)
+  def __rxor__(self, o): return _rev(o, self).bitwise_xor(self)
+  def __rlshift__(self, o): return _rev(o, self).bitwise_left_shift(self)
+  def __rrshift__(self, o): return _rev(o, self).bitwise_right_shift(self)
+  def __rmatmul__(self, o): return _rev(o, self).matmul(self)
+  def __neg__(self): return self.neg()
+  def __pos__(self): return self
+  def __abs__(self): return self.abs()
+  def __invert__(self): return self.bitwise_not()
+  def __eq__(self, o): return self.eq(o)      # type: ignore[override]
+  def __ne__(self, o): return self.ne(o)      # type: ignore[override]
+  def __lt__(self, o): return self.lt(o)
+  def __le__(self, o): return self.le(o)
+  def __gt__(self, o): return self.gt(o)
+  def __ge__(self, o): return self.ge(o)
+  def __matmul__(self, o): return self.matmul(o)
+
+  # in-place ops rebind this tensor to the new lazy value (dtype kept, as PyTorch keeps it)
+  def _inplace(self, r: "Tensor") -> "Tensor":
+    if r.shape != self.shape:
+      raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(r.shape)}")
+    if r.dtype != self.dtype and not (r.dtype.category <= self.dtype.category):
+      raise RuntimeError(f"result type {r.dtype.name} can't be cast to the desired output type {self.dtype.name}")
+    self.node = r._cast(self.dtype).node
+    return self
+  def __iadd__(self, o): return self._inplace(self + o)
+  def __isub__(self, o): return self._inplace(self - o)
+  def __imul__(self, o): return self._inplace(self * o)
+  def __itruediv__(self, o): return self._inplace(self / o)
+  def __ifloordiv__(self, o): return self._inplace(self // o)
+  def __imod__(self, o): return self._inplace(self % o)
+  def __ipow__(self, o): return self._inplace(self ** o)
+  def __iand__(self, o): return self._inplace(self & o)
+  def __ior__(self, o): return self._inplace(self | o)
+  def __ixor__(self, o): return self._inplace(self ^ o)
+  def add_(self, o, alpha=None): return self._inplace(self.add(o, alpha=alpha))
+  def sub_(self, o, alpha=None): return self._inplace(self.sub(o, alpha=alpha))
+  def mul_(self, o): return self._inplace(self * o)
+  def div_(self, o): return self._inplace(self / o)
+  def clamp_(self, min=None, max=None): return self._inplace(self.clamp(min, max))
+  def zero_(self): return self.fill_(0)
+  def fill_(self, value):
+    self.node = gn.const(value, self.dtype, self.shape, self.device)
+    return self
+  def copy_(self, src: "Tensor"):
+    src = src if isinstance(src, Tensor) else Tensor(src)
+    self.node = src.to(self.device)._cast(self.dtype)._broadcast_to(self.shape).node
+    return self
+  def uniform_(self, a: float = 0.0, b: float = 1.0):
+    return self.copy_(rand(*self.shape, device=self.device) * (b - a) + a)
+  def normal_(self, mean: float = 0.0, std: float = 1.0):
+    return self.copy_(randn(*self.shape, device=self.device) * std + mean)
+
+  # ---- reductions ----
+  def _reduce(self, op: str, dim, keepdim: bool) -> "Tensor":
+    axes = _norm_dims(dim, self.ndim)
+    x = self
+    red = prod(self.shape[a] for a in axes)
+    outn = prod(s for i, s in enumerate(self.shape) if i not in axes)
+    if red >= SPLIT_REDUCE_MIN and outn < 64 and len(axes) > 0:
+      x = x._split_reduce(op, axes)   # two kernels: many partial results, then the total
+    else:
+      x = self._new(gn.reduce(x.node, op, axes))
+    if not keepdim: x = x.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+    return x
+
+  def _split_reduce(self, op: str, axes: tuple) -> "Tensor":
+    keep = [i for i in range(self.ndim) if i not in axes]
+    red = prod(self.shape[a] for a in axes)
+    x = self.permute(*keep, *axes).reshape(*[self.shape[i] for i in keep], red)
+    parts = 1 << max(6, min(10, (red.bit_length() - 1) // 2))
+    chunk = -(-red // parts)
+    if chunk * parts != red:
+      ident = gn.reduce_identity(op, self.dtype)
+      x = x.pad((0, chunk * parts - red), value=ident)
+    x = x.reshape(*[self.shape[i] for i in keep], parts, chunk)
+    partial = self._new(gn.reduce(x.node, op, (x.ndim - 1,))).contiguous()
+    total = self._new(gn.reduce(partial.node, op, (x.ndim - 2,)))
+    return total.reshape(tuple(1 if i in axes else s for i, s in enumerate(self.shape)))
+
+  def sum(self, dim=None, keepdim: bool = False, dtype=None):
+    x = self._cast(dt.to_dtype(dtype)) if dtype is not None else \
+        self._cast(dt.int64) if (self.dtype.is_int or self.dtype.is_bool) else self
+    return x._reduce("SUM", dim, keepdim)
+  def prod(self, dim=None, keepdim: bool = False, dtype=None):
+    x = self._cast(dt.to_dtype(dtype)) if dtype is not None else \
+        self._cast(dt.int64) if (self.dtype.is_int or self.dtype.is_bool) else self
+    return x._reduce("PROD", dim, keepdim)
+  def _check_nonempty(self, name: str, dim):
+    axes = _norm_dims(dim, self.ndim)
+    if self.numel() == 0 and (dim is None or any(self.shape[a] == 0 for a in axes)):
+      raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0, or the reduced "
+                       f"dim to be non-empty (shape {self.shape})")
+  def max(self, dim=None, keepdim: bool = False):
+    if isinstance(dim, Tensor): return self.maximum(dim)
+    self._check_nonempty("max", dim)
+    if dim is None: return self._reduce("MAX", None, False)
+    return ReturnMinMax(self._reduce("MAX", dim, keepdim), self.argmax(dim, keepdim))
+  def min(self, dim=None, keepdim: bool = False):
+    if isinstance(dim, Tensor): return self.minimum(dim)
+    self._check_nonempty("min", dim)
+    if dim is None: return self._reduce("MIN", None, False)
+    return ReturnMinMax(self._reduce("MIN", dim, keepdim), self.argmin(dim, keepdim))
+  def amax(self, dim=None, keepdim: bool = False):
+    self._check_nonempty("amax", dim)
+    return self._reduce("MAX", dim if dim != () else None, keepdim)
+  def amin(self, dim=None, keepdim: bool = False):
+    self._check_nonempty("amin", dim)
+    return self._reduce("MIN", dim if dim != () else None, keepdim)
+  def mean(self, dim=None, keepdim: bool = False, dtype=None):
+    x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self
+    if not x.dtype.is_float:
+      raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either a floating point or "
+                         f"complex dtype. Got: {x.dtype.name}")
+    axes = _norm_dims(dim, self.ndim)
+    n = prod(self.shape[a] for a in axes)
+    return x.sum(dim, keepdim) / n if n else x.sum(dim, keepdim) * float("nan")
+  def var(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
+    if correction is None: correction = 1 if unbiased is None or unbiased else 0
+    axes = _norm_dims(dim, self.ndim)
+    n = prod(self.shape[a] for a in axes)
+    x = self._cast(self._float_dtype())
+    d = x - x.mean(axes, keepdim=True)
+    return (d * d).sum(axes, keepdim) / builtins.max(n - correction, 0)
+  def std(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
+    return self.var(dim, keepdim, correction=correction, unbiased=unbiased).sqrt()
+  def var_mean(self, dim=None, keepdim=False, *, correction=None):
+    return self.var(dim, keepdim, correction=correction), self.mean(dim, keepdim)
+  def _arg(self, op: str, dim, keepdim: bool, name: str) -> "Tensor":
+    self._check_nonempty(name, dim)
+    x = self
+    if dim is None: x, dim, keepdim_shape = self.reshape(-1), 0, (1,) * self.ndim
+    d = _norm_dim(dim, x.ndim)
+    n = x.shape[d]
+    best = x._reduce(op, d, True)
+    hit = (x == best) | (x.isnan() if x.dtype.is_float else False)
+    idx = arange(n, device=self.device).reshape(*[n if i == d else 1 for i in range(x.ndim)])
+    cand = where(hit, idx, n)
+    out = cand._reduce("MIN", d, True)
+    if x is not self:
+      return out.reshape(keepdim_shape) if keepdim else out.reshape(())
+    return out if keepdim else out.squeeze(d)
+  def argmax(self, dim=None, keepdim: bool = False): return self._arg("MAX", dim, keepdim, "argmax")
+  def argmin(self, dim=None, keepdim: bool = False): return self._arg("MIN", dim, keepdim, "argmin")
+  def any(self, dim=None, keepdim: bool = False): return self._cast(dt.bool_)._reduce("MAX", dim, keepdim)
+  def all(self, dim=None, keepdim: bool = False): return self._cast(dt.bool_)._reduce("MIN", dim, keepdim)
+  def logsumexp(self, dim, keepdim: bool = False):
+    x = self._cast(self._float_dtype())
+    m = x.amax(dim, keepdim=True)
+    m = where(m.isinf(), 0.0, m)
+    out = (x - m).exp().sum(dim, keepdim=True).log() + m
+    return out if keepdim else out.squeeze(_norm_dims(dim, self.ndim))
+  def softmax(self, dim: int = -1, dtype=None):
+    x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
+    e = (x - x.amax(dim, keepdim=True)).exp()
+    return e / e.sum(dim, keepdim=True)
+  def log_softmax(self, dim: int = -1, dtype=None):
+    x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
+    s = x - x.amax(dim, keepdim=True)
+    return s - s.exp().sum(dim, keepdim=True).log()
+  def cumsum(self, dim: int, dtype=None):
+    d = _norm_dim(dim, self.ndim) if self.ndim else 0
+    x = self._cast(dt.to_dtype(dtype)) if dtype is not None else \
+        self._cast(dt.int64) if (self.dtype.is_int or self.dtype.is_bool) else self
+    if self.ndim == 0: return x
+    n = x.shape[d]
+    if n <= 1: return x
+    x = x.transpose(d, -1)
+    # window view: out[..., i] = sum_k xpad[..., i + k] with n-1 zeros in front
+    xp = x.pad((n - 1, 0))
+    win = xp._new(gn.movement(gn.movement(xp.node, "RESHAPE", xp.shape), "RESHAPE", xp.shape))
+    w = _windows(xp, n)
+    return w.sum(-1).transpose(d, -1)
+  def cumprod(self, dim: int):
+    d = _norm_dim(dim, self.ndim)
+    n = self.shape[d]
+    x = self.transpose(d, -1)
+    w = _windows(x.pad((n - 1, 0), value=1), n)
+    return w.prod(-1).transpose(d, -1)
+
+  # ---- movement (views) ----
+  def reshape(self, *shape) -> "Tensor":
+    shape = _shape_arg(shape)
+    if shape.count(-1) > 1: raise RuntimeError("only one dimension can be inferred")
+    if any(s < -1 for s in shape): raise RuntimeError(f"invalid shape dimension {min(shape)}")
+    if -1 in shape:
+      known = prod(s for s in shape if s != -1)
+      if known == 0 or self.numel() % known:
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {self.numel()}")
+      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+    if prod(shape) != self.numel():
+      raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {self.numel()}")
+    return self._new(gn.movement(self.node, "RESHAPE", shape))
+  view = reshape
+  def view_as(self, other): return self.reshape(other.shape)
+  reshape_as = view_as
+  def permute(self, *dims) -> "Tensor":
+    dims = _shape_arg(dims) if dims and not isinstance(dims[0], (tuple, list)) else tuple(dims[0]) if dims else ()
+    if len(dims) != self.ndim:
+      raise RuntimeError(f"permute(sparse_coo): number of dimensions in the tensor input does not match the length "
+                         f"of the desired ordering of dimensions i.e. input.dim() = {self.ndim} is not equal to "
+                         f"len(dims) = {len(dims)}")
+    order = _norm_dims(dims, self.ndim)
+    if order == tuple(range(self.ndim)): return self
+    return self._new(gn.movement(self.node, "PERMUTE", order))
+  def transpose(self, dim0: int, dim1: int) -> "Tensor":
+    if self.ndim == 0: return self
+    a, b = _norm_dim(dim0, self.ndim), _norm_dim(dim1, self.ndim)
+    order = list(range(self.ndim))
+    order[a], order[b] = order[b], order[a]
+    return self.permute(*order)
+  swapaxes = transpose
+  def t(self):
+    if self.ndim > 2: raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {self.ndim}D")
+    return self.T
+  def expand(self, *shape) -> "Tensor":
+    shape = _shape_arg(shape)
+    if len(shape) < self.ndim:
+      raise RuntimeError(f"expand: the number of sizes provided ({len(shape)}) must be greater or equal to the number "
+                         f"of dimensions in the tensor ({self.ndim})")
+    old = (1,) * (len(shape) - self.ndim) + self.shape
+    new = []
+    for i, (o, s) in enumerate(zip(old, shape)):
+      if s == -1:
+        if i < len(shape) - self.ndim: raise RuntimeError("expand: -1 is not allowed in a leading, non-existing dimension")
+        s = o
+      if o != s and o != 1:
+        raise RuntimeError(f"The expanded size of the tensor ({s}) must match the existing size ({o}) at non-singleton "
+                           f"dimension {i}.  Target sizes: {list(shape)}.  Tensor sizes: {list(self.shape)}")
+      new.append(s)
+    return self._broadcast_to(tuple(new))
+  def expand_as(self, other): return self.expand(other.shape)
+  def broadcast_to(self, shape): return self.expand(*shape)
+  def squeeze(self, dim=None) -> "Tensor":
+    if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+    axes = _norm_dims(dim, self.ndim)
+    return self.reshape(tuple(s for i, s in enumerate(self.shape) if not (i in axes and s == 1)))
+  def unsqueeze(self, dim: int) -> "Tensor":
+    d = _norm_dim(dim, self.ndim + 1)
+    return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+  def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+    if self.ndim == 0: return self.reshape(1)
+    s, e = _norm_dim(start_dim, self.ndim), _norm_dim(end_dim, self.ndim)
+    if s > e: raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
+    return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+  def unflatten(self, dim: int, sizes) -> "Tensor":
+    d = _norm_dim(dim, self.ndim)
+    sizes = tuple(sizes)
+    if -1 in sizes:
+      known = prod(s for s in sizes if s != -1)
+      sizes = tuple(self.shape[d] // known if s == -1 else s for s in sizes)
+    if prod(sizes) != self.shape[d]:
+      raise RuntimeError(f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of dim {dim} "
+                         f"({self.shape[d]}) in the input tensor")
+    return self.reshape(self.shape[:d] + sizes + self.shape[d + 1:])
+  def flip(self, *dims) -> "Tensor":
+    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+    axes = _norm_dims(dims, self.ndim)
+    if not axes: return self
+    return self._new(gn.movement(self.node, "FLIP", axes))
+  def _shrink(self, bounds) -> "Tensor":
+    bounds = tuple(tuple(b) for b in bounds)
+    if all(b == (0, s) for b, s in zip(bounds, self.shape)): return self
+    return self._new(gn.movement(self.node, "SHRINK", bounds))
+  def narrow(self, dim: int, start: int, length: int) -> "Tensor":
+    d = _norm_dim(dim, self.ndim)
+    if start < 0: start += self.shape[d]
+    if not (0 <= start <= self.shape[d]) or length < 0 or start + length > self.shape[d]:
+      raise IndexError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({self.shape[d]}).")
+    return self._shrink([(start, start + length) if i == d else (0, s) for i, s in enumerate(self.shape)])
+  def pad(self, padding, value=0.0, mode: str = "constant") -> "Tensor":
+    if mode != "constant": raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is implemented")
+    padding = tuple(int(p) for p in padding)
+    if len(padding) % 2 or len(padding) // 2 > self.ndim:
+      raise ValueError(f"Padding length must be divisible by 2 and at most twice the number of dimensions of the input "
+                       f"({self.ndim}); got {len(padding)}")
+    pads = [(0, 0)] * self.ndim
+    for i in range(len(padding) // 2): pads[self.ndim - 1 - i] = (padding[2 * i], padding[2 * i + 1])
+    for (b, a), s in zip(pads, self.shape):
+      if s + b + a < 0:
+        raise RuntimeError(f"The input size {s}, plus negative padding {b} and {a} resulted in a negative output size")
+    # negative padding removes elements
+    x = self._shrink([(builtins.max(0, -b), s - builtins.max(0, -a)) for (b, a), s in zip(pads, self.shape)])
+    pos = tuple((builtins.max(0, b), builtins.max(0, a)) for b, a in pads)
+    if all(p == (0, 0) for p in pos): return x
+    out = x._new(gn.movement(x.node, "PAD", pos))
+    if value != 0 and not (isinstance(value, float) and math.isnan(value) is False and value == 0):
+      mask = x._new(gn.movement(gn.const(True, dt.bool_, x.shape, x.device), "PAD", pos))
+      out = where(mask, out, value)._cast(self.dtype)
+    return out
+
+  def __getitem__(self, index) -> "Tensor":
+    return _getitem(self, index)
+
+  def __setitem__(self, index, value) -> None:
+    # a lazy select: the indexed region takes the new values, everything else stays
+    region = _getitem(self, index, basic_only=True, return_region=True)
+    shape_in, place = region
+    val = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
+    val = val.to(self.device)._cast(self.dtype).expand(*shape_in) if val.shape != shape_in else val._cast(self.dtype)
+    placed, mask = place(val)
+    self.node = where(mask, placed, self).node
+
+  def split(self, split_size_or_sections, dim: int = 0):
+    d = _norm_dim(dim, self.ndim)
+    n = self.shape[d]
+    if isinstance(split_size_or_sections, int):
+      if split_size_or_sections <= 0 and n > 0: raise RuntimeError("split_size can only be 0 if dimension size is 0")
+      sizes = [builtins.min(split_size_or_sections, n - i) for i in range(0, n, builtins.max(split_size_or_sections, 1))] or [0]
+    else:
+      sizes = list(split_size_or_sections)
+      if sum(sizes) != n:
+        raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
+                           f"dimension {dim}), but got split_sizes={sizes}")
+    out, start = [], 0
+    for s in sizes:
+      out.append(self.narrow(d, start, s))
+      start += s
+    return tuple(out)
+  def chunk(self, chunks: int, dim: int = 0):
+    if chunks <= 0: raise RuntimeError("chunk expects `chunks` to be greater than 0")
+    d = _norm_dim(dim, self.ndim)
+    return self.split(builtins.max(1, -(-self.shape[d] // chunks)), d)
+  def unbind(self, dim: int = 0):
+    d = _norm_dim(dim, self.ndim)
+    return tuple(self.select(d, i) for i in range(self.shape[d]))
+  def select(self, dim: int, index: int):
+    d = _norm_dim(dim, self.ndim)
+    return self[(slice(None),) * d + (index,)]
+  def repeat(self, *sizes) -> "Tensor":
+    sizes = _shape_arg(sizes)
+    if len(sizes) < self.ndim:
+      raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
+    base = (1,) * (len(sizes) - self.ndim) + self.shape
+    x = self.reshape(tuple(v for s in base for v in (1, s)))
+    x = x.expand(*[v for r, s in zip(sizes, base) for v in (r, s)])
+    return x.reshape(tuple(r * s for r, s in zip(sizes, base)))
+  def tile(self, *dims) -> "Tensor":
+    dims = _shape_arg(dims)
+    if len(dims) < self.ndim: dims = (1,) * (self.ndim - len(dims)) + dims
+    return self.repeat(*dims)
+  def tril(self, diagonal: int = 0) -> "Tensor": return self._tri(diagonal, lower=True)
+  def triu(self, diagonal: int = 0) -> "Tensor": return self._tri(diagonal, lower=False)
+  def _tri(self, diagonal: int, lower: bool) -> "Tensor":
+    if self.ndim < 2: raise RuntimeError(f"tril/triu: input tensor must have at least 2 dimensions, got {self.ndim}")
+    r, c = self.shape[-2:]
+    i = arange(r, device=self.device).reshape(r, 1)
+    j = arange(c, device=self.device).reshape(1, c)
+    keep = (j - i <= diagonal) if lower else (j - i >= diagonal)
+    return where(keep, self, self._new(gn.const(0, self.dtype, (), self.device)))
+
+  # ---- linear algebra ----
+  def matmul(self, other: "Tensor") -> "Tensor":
+    if not isinstance(other, Tensor): other = self._operand(other, dt.result_type(self, other))
+    a, b = self, other
+    if a.ndim == 0 or b.ndim == 0:
+      raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {a.ndim}D and {b.ndim}D")
+    d = dt.result_type(a, b)
+    a, b = a._cast(d), b._cast(d)
+    va, vb = a.ndim == 1, b.ndim == 1
+    if va: a = a.reshape(1, a.shape[0])
+    if vb: b = b.reshape(b.shape[0], 1)
+    if a.shape[-1] != b.shape[-2]:
+      raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, self.shape))} and "
+                         f"{'x'.join(map(str, other.shape))})")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+    a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
+    b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
+    prod_ = (a * b) if not d.is_bool else (a & b)
+    out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False) if k else \
+        self._new(gn.const(0, d, batch + (n, m), self.device))
+    if va: out = out.squeeze(-2)
+    if vb: out = out.squeeze(-1)
+    return out
+  mm = matmul
+  bmm = matmul
+  def dot(self, other): return (self * other).sum()
+  def outer(self, other): return self.reshape(-1, 1) * other.reshape(1, -1)
+
+
+# ---- module-level helpers -------------------------------------------------------------------------------
+
+def _rev(o, like: Tensor) -> Tensor:
+  """A reflected operand as a tensor of the promoted dtype (for 2 - x and friends)."""
+  if isinstance(o, Tensor): return o
+  return like._operand(o, dt.result_type(like, o))
+
+
+def _as_bool(o, like: Tensor) -> Tensor:
+  return like._operand(o, dt.bool_) if not isinstance(o, Tensor) else o._cast(dt.bool_)
+
+
+def _windows(x: Tensor, n: int) -> Tensor:
+  """x[..., L + n - 1] -> windows [..., L, n] with w[..., i, k] = x[..., i + k] (a view)."""
+  from fusegrad.graph.view import View
+  L = x.shape[-1] - n + 1
+  lead = x.shape[:-1]
+  base = x.contiguous() if False else x
+  st = 1
+  outer = prod(lead)
+  flat = base.reshape(outer, x.shape[-1])
+  v = View((outer, L, n), (x.shape[-1], 1, 1), 0, None)
+  node = gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device)
+  return Tensor(_node=node).reshape(*lead, L, n)
+
+
+def _check_device_dtype(device: str, d: DType) -> None:
+  dev = rd.get(device)
+  if d not in dev.supported:
+    raise RuntimeError(f"device {device} cannot run dtype {d.name} (supported: "
+                       f"{', '.join(sorted(x.name for x in dev.supported))})")
+
+
+def _to_numpy(data, d: DType | None) -> np.ndarray:
+  if isinstance(data, np.ndarray):
+    arr = data
+    if arr.dtype == np.float16 and d is None: pass
+  else:
+    try:
+      arr = np.array(data)
+    except (ValueError, TypeError) as e:
+      raise TypeError(f"could not build a tensor from {type(data).__name__}: {e}") from None
+    if arr.dtype == object: raise TypeError(f"could not build a tensor from {data!r}: ragged or non-numeric data")
+    if arr.dtype.kind == "f" and d is None: arr = arr.astype(np.float32)   # Python floats: default dtype
+    if arr.dtype.kind in "iu" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.int64)
+  if arr.dtype.kind not in "biuf": raise TypeError(f"unsupported numpy dtype {arr.dtype} for a tensor")
+  if d is not None and d != dt.bfloat16:
+    with np.errstate(all="ignore"): arr = arr.astype(d.np)
+  elif d is None:
+    dt.from_numpy(arr.dtype)   # raises a clear error for uint16 and friends
+  return arr
+
+
+def _host_bits(arr: np.ndarray, d: DType) -> np.ndarray:
+  """Host array in the device's storage format (bfloat16 becomes its raw 16 bits)."""
+  if d == dt.bfloat16:
+    from fusegrad.runtime.python import _bf16_round
+    return _bf16_round(arr.astype(np.float32))
+  return arr.astype(d.np, copy=False)
+
+
+def where(condition, input, other) -> Tensor:
+  like = next((t for t in (condition, input, other) if isinstance(t, Tensor)), None)
+  if like is None: raise TypeError("where() needs at least one tensor argument")
+  cond = condition if isinstance(condition, Tensor) else like._operand(condition, dt.bool_)
+  if not isinstance(condition, Tensor) and not _is_scalar(condition): cond = Tensor(condition, device=like.device)
+  cond = cond._cast(dt.bool_)
+  d = dt.result_type(*(o for o in (input, other)))
+  a = like._operand(input, d) if not isinstance(input, Tensor) else input._cast(d)
+  b = like._operand(other, d) if not isinstance(other, Tensor) else other._cast(d)
+  for t in (a, b):
+    if t.device != cond.device:
+      raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                         f"{cond.device} and {t.device}!")
+  shape = broadcast_shapes(cond.shape, a.shape, b.shape)
+  return Tensor(_node=gn.alu("WHERE", cond._broadcast_to(shape).node, a._broadcast_to(shape).node,
+                             b._broadcast_to(shape).node))
+
+
+# ---- indexing -----------------------------------------------------------------------------------------------
+
+def _getitem(x: Tensor, index, basic_only: bool = False, return_region: bool = False):
+  if not isinstance(index, tuple): index = (index,)
+  # expand Ellipsis, count the dims that the index consumes
+  consumed = sum(1 for i in index if i is not None and i is not Ellipsis and not (isinstance(i, Tensor) and i.dtype.is_bool)) \
+      + sum(i.ndim for i in index if isinstance(i, Tensor) and i.dtype.is_bool)
+  if sum(1 for i in index if i is Ellipsis) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
+  if consumed > x.ndim:
+    raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
+  full = []
+  for i in index:
+    if i is Ellipsis: full.extend([slice(None)] * (x.ndim - consumed))
+    else: full.append(i)
+  if not any(i is Ellipsis for i in index): full.extend([slice(None)] * (x.ndim - consumed))
+
+  # pass 1: basic indexing (ints, slices, None) as views; remember advanced indices
+  bounds, steps, flips, out_shape_ops = [], [], [], []
+  dim = 0
+  adv = []          # (position in the result of the basic pass, index tensor)
+  final_dims = []   # how the result of the basic pass maps: ("keep", d) / ("new",) / ("drop", d)
+  for i in full:
+    if i is None:
+      final_dims.append(("new",)); continue
+    s = x.shape[dim]
+    if isinstance(i, Tensor) and i.dtype.is_bool or isinstance(i, (list, np.ndarray)) and np.asarray(i).dtype == bool:
+      if basic_only: raise NotImplementedError("assignment through a boolean mask index: use fusegrad.where")
+      m = i if isinstance(i, Tensor) else Tensor(np.asarray(i), device=x.device)
+      for k in range(m.ndim):
+        if m.shape[k] != x.shape[dim + k]:
+          raise IndexError(f"The shape of the mask {list(m.shape)} at index {k} does not match the shape of the "
+                           f"indexed tensor {list(x.shape)} at index {dim + k}")
+      nz = np.nonzero(m.numpy())   # data-dependent shape: needs the mask's values now
+      for k in range(m.ndim):
+        bounds.append((0, x.shape[dim])); steps.append(1)
+        adv.append((len([f for f in final_dims if f[0] != "drop"]), Tensor(nz[k].astype(np.int64), device=x.device)))
+        final_dims.append(("keep", dim)); dim += 1
+      continue
+    if isinstance(i, (bool, np.bool_)):
+      raise IndexError("indexing with a Python bool is not supported")
+    if isinstance(i, (int, np.integer)):
+      if not -s <= i < s:
+        raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {s}")
+      i = int(i) % s
+      bounds.append((i, i + 1)); steps.append(1)
+      final_dims.append(("drop", dim)); dim += 1
+      continue
+    if isinstance(i, slice):
+      start, stop, step = i.indices(s)
+      if step == 0: raise ValueError("slice step cannot be zero")
+      if step > 0:
+        n = builtins.max(0, -(-(stop - start) // step))
+        bounds.append((start, start + builtins.max(n - 1, 0) * step + 1) if n else (0, 0)); steps.append(step)
+      else:
+        n = builtins.max(0, -(-(start - stop) // -step))
+        lo = start - (n - 1) * (-step) if n else 0
+        bounds.append((lo, start + 1) if n else (0, 0)); steps.append(step)
+      final_dims.append(("keep", dim)); dim += 1
+      continue
+    if isinstance(i, (Tensor, list, tuple, np.ndarray)):
+      if basic_only: raise NotImplementedError("assignment through an integer-tensor index is not implemented yet")
+      it = i if isinstance(i, Tensor) else Tensor(np.asarray(i), device=x.device)
+      if not it.dtype.is_int:
+        raise IndexError(f"tensors used as indices must be long, int, byte or bool tensors, got {it.dtype.name}")
+      bounds.append((0, s)); steps.append(1)
+      adv.append((len([f for f in final_dims if f[0] != "drop"]), it))
+      final_dims.append(("keep", dim)); dim += 1
+      continue
+    raise IndexError(f"only integers, slices (`:`), ellipsis (`...`), None and integer or boolean tensors are valid "
+                     f"indices (got {type(i).__name__})")
+  y = x._shrink(bounds)
+  if any(st < 0 for st in steps): y = y.flip(*[d for d, st in enumerate(steps) if st < 0])
+  if any(abs(st) != 1 for st in steps):
+    y = y._new(gn.movement(y.node, "STRIDE", tuple(abs(st) for st in steps)))
+  shape = []
+  for f in final_dims:
+    if f[0] == "new": shape.append(1)
+    elif f[0] == "keep": shape.append(y.shape[f[1]])
+  if return_region:
+    return _region(x, bounds, steps, final_dims, tuple(shape))
+  y = y.reshape(tuple(shape))
+  if not adv: return y
+  return _advanced(y, adv)
+
+
+def _region(x: Tensor, bounds, steps, final_dims, shape):
+  """For __setitem__: the indexed region's shape and a function placing values there."""
+  def place(val: Tensor):
+    inner = tuple(hi - lo if abs(st) == 1 else -(-(hi - lo) // abs(st)) for (lo, hi), st in zip(bounds, steps))
+    v = val.reshape(inner)
+    mask = Tensor(_node=gn.const(True, dt.bool_, inner, x.device))
+    def undo(t: Tensor) -> Tensor:
+      if any(abs(st) != 1 for st in steps):
+        # spread strided values back: pad each element with step-1 gaps
+        for d, st in enumerate(steps):
+          k = abs(st)
+          if k == 1: continue
+          t = t.unsqueeze(d + 1).pad(tuple([0, 0] * (t.ndim - d - 2) + [0, k - 1]))
+          t = t.flatten(d, d + 1)
+          t = t.narrow(d, 0, (inner[d] - 1) * k + 1)
+      if any(st < 0 for st in steps): t = t.flip(*[d for d, st in enumerate(steps) if st < 0])
+      pads = []
+      for (lo, hi), s in zip(reversed(bounds), reversed(x.shape)): pads += [lo, s - hi]
+      return t.pad(tuple(pads))
+    return undo(v), undo(mask)
+  return shape, place
+
+
+def _advanced(y: Tensor, adv: list) -> Tensor:
+  """Integer-tensor indices on dims of y (positions given): one gather kernel."""
+  positions = [p for p, _ in adv]
+  idx = [t.to(y.device) for _, t in adv]
+  bshape = broadcast_shapes(*[t.shape for t in idx])
+  # bounds check on index values that already exist (a lazy index cannot be checked without running it)
+  for p, t in zip(positions, idx):
+    if t.node.realized or t.node.op in ("BUFFER", "CONST"):
+      vals = t.numpy()
+      if vals.size and (vals.min() < -y.shape[p] or vals.max() >= y.shape[p]):
+        bad = vals.max() if vals.max() >= y.shape[p] else vals.min()
+        raise IndexError(f"index {bad} is out of bounds for dimension {p} with size {y.shape[p]}")
+  adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
+  rest = [d for d in range(y.ndim) if d not in positions]
+  # result layout: advanced dims go where the first one was if adjacent, else to the front
+  if adjacent:
+    before, after = [d for d in rest if d < positions[0]], [d for d in rest if d > positions[0]]
+  else:
+    before, after = [], rest
+  out_shape = tuple(y.shape[d] for d in before) + bshape + tuple(y.shape[d] for d in after)
+  nb = len(before)
+  nd_b = len(bshape)
+  def place_rest(d: int) -> tuple:
+    return (out_shape, nb + nd_b + after.index(d) if d in after else before.index(d))
+  strides = [1] * y.ndim
+  acc = 1
+  for d in reversed(range(y.ndim)):
+    strides[d] = acc
+    acc *= y.shape[d]
+  flat = None
+  for p, t in zip(positions, idx):
+    t = t._cast(dt.int64)
+    t = where(t < 0, t + y.shape[p], t)
+    t = t._broadcast_to(bshape).reshape((1,) * nb + bshape + (1,) * len(after))
+    term = t * strides[p]
+    flat = term if flat is None else flat + term
+  for d in rest:
+    _, pos = place_rest(d)
+    r = arange(y.shape[d], device=y.device).reshape(*[y.shape[d] if k == pos else 1 for k in range(len(out_shape))])
+    flat = flat + r * strides[d]
+  flat = flat._broadcast_to(out_shape)
+  data = y.contiguous()
+  return Tensor(_node=gn.gather(data.node, flat.node))
+
+
+# ---- construction ---------------------------------------------------------------------------------------------
+
+def _dev(device) -> str: return rd.canonical(device)
+
+
+def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  return Tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  size = _shape_arg((size,) if isinstance(size, (int, np.integer)) else tuple(size))
+  if any(s < 0 for s in size): raise RuntimeError(f"Trying to create tensor with negative dimension: {list(size)}")
+  d = dt.to_dtype(dtype) if dtype is not None else dt.result_type(fill_value)
+  _check_device_dtype(_dev(device), d)
+  return Tensor(_node=gn.const(fill_value, d, size, _dev(device)), requires_grad=requires_grad)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  return full(_shape_arg(size), 0, dtype=dtype or dt.default_float, device=device, requires_grad=requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  return full(_shape_arg(size), 1, dtype=dtype or dt.default_float, device=device, requires_grad=requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  return zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def _like(t: Tensor, dtype, device):
+  return dict(dtype=dtype or t.dtype, device=device or t.device)
+
+
+def zeros_like(t: Tensor, dtype=None, device=None) -> Tensor: return zeros(t.shape, **_like(t, dtype, device))
+def ones_like(t: Tensor, dtype=None, device=None) -> Tensor: return ones(t.shape, **_like(t, dtype, device))
+def empty_like(t: Tensor, dtype=None, device=None) -> Tensor: return zeros(t.shape, **_like(t, dtype, device))
+def full_like(t: Tensor, fill_value, dtype=None, device=None) -> Tensor:
+  return full(t.shape, fill_value, **_like(t, dtype, device))
+def rand_like(t: Tensor, dtype=None, device=None) -> Tensor: return rand(t.shape, **_like(t, dtype, device))
+def randn_like(t: Tensor, dtype=None, device=None) -> Tensor: return randn(t.shape, **_like(t, dtype, device))
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  if end is None: start, end = 0, start
+  if step == 0: raise RuntimeError("step must be nonzero")
+  n = builtins.max(0, math.ceil((end - start) / step))
+  if (end - start) / step < 0 and n == 0 and end != start:
+    raise RuntimeError(f"upper bound and larger bound inconsistent with step sign (start={start}, end={end}, step={step})")
+  is_int = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, end, step))
+  d = dt.to_dtype(dtype) if dtype is not None else (dt.int64 if is_int else dt.default_float)
+  dev = _dev(device)
+  i = Tensor(_node=gn.iota(n, dt.int64 if d.is_int else d, dev))
+  out = (i * step + start) if (step != 1 or start != 0) else i
+  out = out._cast(d)
+  out.requires_grad = requires_grad
+  return out
+
+
+def linspace(start, end, steps: int, dtype=None, device=None) -> Tensor:
+  if steps < 0: raise RuntimeError("number of steps must be non-negative")
+  d = dt.to_dtype(dtype) if dtype is not None else dt.default_float
+  if steps == 1: return full((1,), start, dtype=d, device=device)
+  step = (end - start) / builtins.max(steps - 1, 1)
+  i = arange(steps, device=device, dtype=dt.float64 if d == dt.float64 else dt.float32)
+  # symmetric, as PyTorch computes it: the second half counts back from the end
+  out = where(i < steps // 2, start + i * step, end - (steps - 1 - i) * step)
+  return out._cast(d)
+
+
+def eye(n: int, m: int | None = None, dtype=None, device=None) -> Tensor:
+  m = n if m is None else m
+  i = arange(n, device=device).reshape(n, 1)
+  j = arange(m, device=device).reshape(1, m)
+  return (i == j)._cast(dt.to_dtype(dtype) if dtype is not None else dt.default_float)
+
+
+# ---- random numbers: a counter-based generator computed inside the kernels ---------------------------------
+
+class _RNG:
+  seed = 0
+  counter = 0
+
+
+def manual_seed(seed: int) -> None:
+  _RNG.seed, _RNG.counter = int(seed) & 0xFFFFFFFFFFFFFFFF, 0
+
+
+def seed() -> int:
+  import time
+  manual_seed(time.time_ns())
+  return _RNG.seed
+
+
+def _mix32(x: Tensor) -> Tensor:
+  """A 32-bit avalanche hash (lowbias32); uint32 arithmetic wraps on every device alike."""
+  x = x ^ (x >> 16)
+  x = x * 0x7FEB352D
+  x = x ^ (x >> 15)
+  x = x * 0x846CA68B
+  return x ^ (x >> 16)
+
+
+def _random_bits(n: int, device: str) -> Tensor:
+  """n uniformly distributed uint32 values from (seed, counter); advances the counter."""
+  s = _RNG.seed
+  k0 = (s ^ (s >> 32) ^ 0x9E3779B9) & 0xFFFFFFFF
+  k1 = (_RNG.counter * 0x632BE5AB + 0x85EBCA6B) & 0xFFFFFFFF
+  k2 = (_RNG.counter >> 32) & 0xFFFFFFFF
+  _RNG.counter += n
+  # the keys travel as a buffer, so the kernel is the same for every call and compiles once
+  keys = Tensor(np.array([k0, k1, k2 ^ 0x27D4EB2F], dtype=np.uint32), device=device)
+  i = Tensor(_node=gn.iota(n, dt.uint32, device))
+  ka, kb, kc = (keys[j].reshape(1).expand(n) for j in range(3))
+  h = _mix32(i ^ ka)
+  h = _mix32(h + kb)
+  return _mix32(h ^ kc)
+
+
+def rand(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  size = _shape_arg(size)
+  d = dt.to_dtype(dtype) if dtype is not None else dt.default_float
+  if not d.is_float: raise TypeError(f"rand() expects a floating point dtype, got {d.name}")
+  dev = _dev(device)
+  n = prod(size)
+  bits = _random_bits(n, dev)
+  u = (bits >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
+  out = u._cast(d).reshape(size)
+  out.requires_grad = requires_grad
+  return out
+
+
+def randn(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  size = _shape_arg(size)
+  d = dt.to_dtype(dtype) if dtype is not None else dt.default_float
+  if not d.is_float: raise TypeError(f"randn() expects a floating point dtype, got {d.name}")
+  dev = _dev(device)
+  n = prod(size)
+  bits = _random_bits(2 * n, dev).reshape(2, n)
+  u = (bits >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
+  u1, u2 = 1.0 - u[0], u[1]     # u1 in (0, 1]: log is finite
+  z = (-2.0 * u1.log()).sqrt() * (2 * math.pi * u2).cos()
+  out = z._cast(d).reshape(size)
+  out.requires_grad = requires_grad
+  return out
+
+
+def randint(low, high=None, size=None, dtype=None, device=None) -> Tensor:
+  if high is None: low, high = 0, low
+  if size is None: raise TypeError("randint() missing required argument 'size'")
+  if high <= low: raise RuntimeError(f"random_ from {low} to {high} is empty")
+  size = _shape_arg(tuple(size) if not isinstance(size, int) else (size,))
+  dev = _dev(device)
+  n = prod(size)
+  bits = _random_bits(n, dev)
+  u = (bits >> 8)._cast(dt.float64) * (1.0 / (1 << 24))
+  out = (u * (high - low)).floor()._cast(dt.int64) + low
+  return out._cast(dt.to_dtype(dtype) if dtype is not None else dt.int64).reshape(size)
+
+
+def randperm(n: int, device=None, dtype=None) -> Tensor:
+  keys = rand(n, device=device)
+  return keys.argsort()._cast(dt.to_dtype(dtype) if dtype is not None else dt.int64)
+
+
+# ---- joining and contracting ---------------------------------------------------------------------------------
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+  tensors = [t for t in tensors]
+  if not tensors: raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
+  # PyTorch skips 1-D empty tensors in cat
+  ref = next((t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)), tensors[0])
+  tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or [ref]
+  d = _norm_dim(dim, ref.ndim)
+  for i, t in enumerate(tensors):
+    if t.ndim != ref.ndim or any(a != b for k, (a, b) in enumerate(zip(t.shape, ref.shape)) if k != d):
+      raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected size "
+                         f"{[s for k, s in enumerate(ref.shape) if k != d]} but got size "
+                         f"{[s for k, s in enumerate(t.shape) if k != d]} for tensor number {i} in the list.")
+    if t.device != ref.device:
+      raise RuntimeError(f"Expected all tensors to be on the same device, but found {ref.device} and {t.device}")
+  out_d = tensors[0].dtype
+  for t in tensors[1:]: out_d = dt.promote_types(out_d, t.dtype)
+  total = sum(t.shape[d] for t in tensors)
+  out, start = None, 0
+  for t in tensors:
+    pad = [0, 0] * (ref.ndim - d - 1) + [start, total - start - t.shape[d]]
+    p = t._cast(out_d).pad(tuple(pad))
+    out = p if out is None else (out | p if out_d.is_bool else out + p)
+    start += t.shape[d]
+  return out
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+  tensors = list(tensors)
+  if not tensors: raise RuntimeError("stack expects a non-empty TensorList")
+  for i, t in enumerate(tensors):
+    if t.shape != tensors[0].shape:
+      raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at entry 0 "
+                         f"and {list(t.shape)} at entry {i}")
+  d = _norm_dim(dim, tensors[0].ndim + 1)
+  return cat([t.unsqueeze(d) for t in tensors], d)
+
+
+def einsum(equation: str, *operands) -> Tensor:
+  if len(operands) == 1 and isinstance(operands[0], (list, tuple)): operands = tuple(operands[0])
+  eq = equation.replace(" ", "")
+  lhs, arrow, rhs = eq.partition("->")
+  ins = lhs.split(",")
+  if len(ins) != len(operands):
+    raise ValueError(f"einsum(): {len(ins)} operands in the equation but {len(operands)} tensors given")
+  # expand '...' into fresh upper-case-free letters
+  ell_letters = "".join(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq)
+  nell = 0
+  terms = []
+  for term, t in zip(ins, operands):
+    if "..." in term:
+      k = t.ndim - (len(term) - 3)
+      nell = builtins.max(nell, k)
+      term = term.replace("...", ell_letters[nell - k:nell] if k else "")
+    if len(term) != t.ndim:
+      raise ValueError(f"einsum(): the term {term!r} has {len(term)} subscripts but its operand has {t.ndim} dims")
+    terms.append(term)
+  if arrow:
+    out = rhs.replace("...", ell_letters[:nell])
+  else:
+    counts = {}
+    for term in terms:
+      for c in term: counts[c] = counts.get(c, 0) + 1
+    out = ell_letters[:nell] + "".join(sorted(c for c in counts if counts[c] == 1 and c not in ell_letters))
+  letters = list(dict.fromkeys("".join(terms) + out))
+  sizes = {}
+  for term, t in zip(terms, operands):
+    for c, s in zip(term, t.shape):
+      if c in sizes and sizes[c] != s and s != 1 and sizes[c] != 1:
+        raise RuntimeError(f"einsum(): operands do not broadcast with remapped shapes: subscript {c!r} has size "
+                           f"{s} for one operand and {sizes[c]} for another")
+      sizes[c] = builtins.max(sizes.get(c, 1), s)
+  for c in out:
+    if c not in sizes: raise ValueError(f"einsum(): output subscript {c!r} does not appear in the input")
+  full_ = None
+  for term, t in zip(terms, operands):
+    # diagonal: repeated letters in one term
+    for c in set(term):
+      while term.count(c) > 1:
+        i, j = term.index(c), term.index(c, term.index(c) + 1)
+        n = t.shape[i]
+        t = t.movedim(j, -1).movedim(i if i < j else i - 1, -1)
+        t = t.reshape(*t.shape[:-2], n * n)[..., ::n + 1]
+        term = term.replace(c, "", 2)[:] if False else "".join(x for k, x in enumerate(term) if k not in (i, j)) + c
+    order = [term.index(c) for c in letters if c in term]
+    t = t.permute(*order)
+    shape = [sizes[c] if c in term else 1 for c in letters]
+    t = t.reshape(*shape)
+    full_ = t if full_ is None else full_ * t
+  red = [i for i, c in enumerate(letters) if c not in out]
+  res = full_._broadcast_to(tuple(sizes[c] for c in letters))
+  if red: res = res.sum(tuple(red))
+  kept = [c for c in letters if c in out]
+  return res.permute(*[kept.index(c) for c in out]) if kept else res
+
+
+def _movedim(self: Tensor, source: int, destination: int) -> Tensor:
+  s, d = _norm_dim(source, self.ndim), _norm_dim(destination, self.ndim)
+  order = [i for i in range(self.ndim) if i != s]
+  order.insert(d, s)
+  return self.permute(*order)
+
+
+Tensor.movedim = _movedim
+Tensor.moveaxis = _movedim
+
+
+def _argsort(self: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
+  """Rank by counting (O(n^2) compares, fully fused): fine for the small sizes it serves."""
+  d = _norm_dim(dim, self.ndim)
+  x = self.transpose(d, -1)
+  n = x.shape[-1]
+  a = x.unsqueeze(-1)      # [..., i, 1]
+  b = x.unsqueeze(-2)      # [..., 1, j]
+  i = arange(n, device=self.device)
+  before = (b > a) if descending else (b < a)
+  tie = (b == a) & (i.reshape(1, n) < i.reshape(n, 1))
+  rank = (before | tie).sum(-1)     # rank of element i
+  # invert the permutation: position r holds the i whose rank is r
+  onehot = rank.unsqueeze(-1) == i   # [..., i, r]
+  perm = (onehot._cast(dt.int64) * i.reshape(n, 1)).sum(-2)
+  return perm.transpose(d, -1)
+
+
+Tensor.argsort = _argsort
