@@ -27,7 +27,7 @@ class CStyleRenderer:
   name = "c"
   index_type = "long long"
   types = {dt.bool_: "_Bool", dt.int8: "signed char", dt.uint8: "unsigned char", dt.int16: "short",
-           dt.int32: "int", dt.uint32: "unsigned int", dt.int64: "long long", dt.float16: "_Float16",
+           dt.int32: "int", dt.uint32: "unsigned int", dt.int64: "long long", dt.float16: "unsigned short",
            dt.bfloat16: "unsigned short", dt.float32: "float", dt.float64: "double"}
   float_suffix = {dt.float32: "f", dt.float64: ""}
   prelude = ""
@@ -60,12 +60,12 @@ class CStyleRenderer:
 
   def load(self, buf: int, idx: str, d: dt.DType) -> str:
     if d == dt.bfloat16: return f"fg_bf16_to_f32(b{buf}[{idx}])"
-    if d == dt.float16: return f"(float)b{buf}[{idx}]"
+    if d == dt.float16: return f"fg_half_to_f32(b{buf}[{idx}])"
     return f"b{buf}[{idx}]"
 
   def store(self, buf: int, idx: str, val: str, d: dt.DType) -> str:
     if d == dt.bfloat16: return f"b{buf}[{idx}] = fg_f32_to_bf16({val});"
-    if d == dt.float16: return f"b{buf}[{idx}] = (_Float16)({val});"
+    if d == dt.float16: return f"b{buf}[{idx}] = fg_f32_to_half({val});"
     return f"b{buf}[{idx}] = {val};"
 
   def math_fn(self, name: str, d: dt.DType) -> str:
@@ -73,7 +73,7 @@ class CStyleRenderer:
 
   def cast(self, a: str, src: dt.DType, d: dt.DType) -> str:
     if d.is_bool: return f"({a} != 0)"
-    if d == dt.float16: return f"(float)(_Float16)({a})"
+    if d == dt.float16: return f"fg_round_half((float)({a}))"
     if d == dt.bfloat16: return f"fg_bf16_to_f32(fg_f32_to_bf16((float)({a})))"
     return f"({self.reg_type(d)})({a})"
 
@@ -181,6 +181,26 @@ static inline unsigned short fg_f32_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  /* quiet NaN */
   u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even */
   return (unsigned short)(u >> 16);
+}
+static inline float fg_round_half(float x) {  /* x rounded to the nearest float16 value (ties to even) */
+  uint32_t u; memcpy(&u, &x, 4); uint32_t sign = u & 0x80000000u, a = u ^ sign;
+  if (a >= 0x7f800000u) return x;
+  if (a >= 0x477ff000u) { u = sign | 0x7f800000u; memcpy(&x, &u, 4); return x; }
+  if (a < 0x38800000u) { float q; memcpy(&q, &a, 4); q = rintf(q * 16777216.0f) / 16777216.0f; return sign ? -q : q; }
+  a += 0xfffu + ((a >> 13) & 1u); a &= 0xffffe000u; u = sign | a; memcpy(&x, &u, 4); return x;
+}
+static inline float fg_half_to_f32(unsigned short h) {
+  uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u; float f;
+  if (e == 0) { f = (float)m * 5.9604644775390625e-8f; return s ? -f : f; }
+  u = s | (e == 31 ? 0x7f800000u : ((e + 112u) << 23)) | (m << 13); memcpy(&f, &u, 4); return f;
+}
+static inline unsigned short fg_f32_to_half(float x) {
+  float r = fg_round_half(x); uint32_t u; memcpy(&u, &r, 4);
+  unsigned short s = (unsigned short)((u >> 16) & 0x8000u); uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return s | 0x7e00u;
+  if (a == 0x7f800000u) return s | 0x7c00u;
+  if (a < 0x38800000u) { float q; memcpy(&q, &a, 4); return s | (unsigned short)(q * 16777216.0f); }
+  return s | (unsigned short)((((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu));
 }"""
 
 
@@ -199,4 +219,57 @@ class CRenderer(CStyleRenderer):
              f"  for (long long gidx = start; gidx < end; gidx++) {{"]
     lines += self.body(listing, k, "    ")
     lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+_CL_PRELUDE = r"""#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+static inline long fg_floordiv(long a, long b) { long q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline long fg_floormod(long a, long b) { long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline float fg_bf16_to_f32(ushort h) { return as_float((uint)h << 16); }
+static inline ushort fg_f32_to_bf16(float f) {
+  uint u = as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (ushort)(u >> 16);
+}
+static inline float fg_round_half(float x) {
+  uint u = as_uint(x); uint sign = u & 0x80000000u, a = u ^ sign;
+  if (a >= 0x7f800000u) return x;
+  if (a >= 0x477ff000u) return as_float(sign | 0x7f800000u);
+  if (a < 0x38800000u) { float q = rint(as_float(a) * 16777216.0f) / 16777216.0f; return sign ? -q : q; }
+  a += 0xfffu + ((a >> 13) & 1u); a &= 0xffffe000u; return as_float(sign | a);
+}"""
+
+
+class OpenCLRenderer(CStyleRenderer):
+  """OpenCL C: one work item per parallel index. Half values are stored with vload/vstore_half so
+  no device extension is needed; bool is stored as uchar."""
+  name = "opencl"
+  index_type = "long"
+  types = {dt.bool_: "bool", dt.int8: "char", dt.uint8: "uchar", dt.int16: "short", dt.int32: "int",
+           dt.uint32: "uint", dt.int64: "long", dt.float16: "half", dt.bfloat16: "ushort", dt.float32: "float",
+           dt.float64: "double"}
+  prelude = _CL_PRELUDE
+
+  def storage_type(self, d: dt.DType) -> str: return "uchar" if d.is_bool else self.types[d]
+  def math_fn(self, name: str, d: dt.DType) -> str: return name    # overloaded builtins
+  def literal(self, v, d: dt.DType) -> str:
+    r = super().literal(v, d)
+    return r.replace("LL", "L").replace("((double)NAN)", "(double)NAN").replace("((double)INFINITY)", "(double)INFINITY")
+  def load(self, buf: int, idx: str, d: dt.DType) -> str:
+    if d == dt.float16: return f"vload_half({idx}, b{buf})"
+    if d.is_bool: return f"(bool)b{buf}[{idx}]"
+    return super().load(buf, idx, d)
+  def store(self, buf: int, idx: str, val: str, d: dt.DType) -> str:
+    if d == dt.float16: return f"vstore_half_rte({val}, {idx}, b{buf});"
+    if d.is_bool: return f"b{buf}[{idx}] = (uchar)({val});"
+    return super().store(buf, idx, val, d)
+  def render(self, k: Kernel, listing: list) -> str:
+    args = []
+    for i, b in enumerate(k.bufs):
+      args.append(f"__global {'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
+    lines = [self.helpers(k), "", f"__kernel void {k.name}({', '.join(args)}) {{",
+             f"  long gidx = get_global_id(0);"]
+    lines += self.body(listing, k, "  ")
+    lines += ["}"]
     return "\n".join(lines) + "\n"

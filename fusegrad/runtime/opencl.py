@@ -1,0 +1,64 @@
+"""The OPENCL device, through pyopencl: OpenCL C from codegen/renderer/cstyle.py, program binaries
+cached on disk like the CPU's shared libraries, launches queued asynchronously (a copy out waits).
+
+pyopencl is an optional dependency (`pip install fusegrad[opencl]`, which brings PoCL for CPUs).
+"""
+from __future__ import annotations
+import numpy as np
+from fusegrad import dtype as dt
+from fusegrad.runtime import cache
+from fusegrad.runtime.device import Device, CompileError
+from fusegrad.codegen.renderer.cstyle import OpenCLRenderer
+
+
+class OpenCLDevice(Device):
+  def __init__(self):
+    try:
+      import pyopencl as cl
+    except ImportError:
+      raise RuntimeError("device OPENCL needs pyopencl: pip install 'fusegrad[opencl]'") from None
+    self.cl = cl
+    platforms = cl.get_platforms()
+    devices = [d for p in platforms for d in p.get_devices()]
+    if not devices: raise RuntimeError("device OPENCL: pyopencl found no OpenCL device")
+    gpus = [d for d in devices if d.type & cl.device_type.GPU]
+    self.cl_device = (gpus or devices)[0]
+    self.ctx = cl.Context([self.cl_device])
+    self.queue = cl.CommandQueue(self.ctx)
+    supported = set(dt.ALL)
+    if "cl_khr_fp64" not in self.cl_device.extensions: supported.discard(dt.float64)
+    super().__init__("OPENCL", OpenCLRenderer(), frozenset(supported))
+    self.compiles = 0
+    self._id = f"{self.cl_device.platform.name}|{self.cl_device.name}|{self.cl_device.version}|{self.cl_device.driver_version}"
+
+  def alloc(self, nbytes: int): return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(nbytes, 1))
+  def copyin(self, handle, src: np.ndarray) -> None: self.cl.enqueue_copy(self.queue, handle, src, is_blocking=True)
+  def copyout(self, dst: np.ndarray, handle) -> None: self.cl.enqueue_copy(self.queue, dst, handle, is_blocking=True)
+  def synchronize(self) -> None: self.queue.finish()
+
+  def compile(self, name: str, source: str):
+    cl = self.cl
+    key = cache.key_of(source, "opencl", self._id)
+    binary = cache.get(key)
+    if binary is not None:
+      try:
+        prg = cl.Program(self.ctx, [self.cl_device], [binary]).build()
+        return getattr(prg, name)
+      except (cl.Error, cl.RuntimeError, cl.LogicError):
+        pass    # a stale or foreign binary: build from source
+    self.compiles += 1
+    try:
+      prg = cl.Program(self.ctx, source).build()
+    except cl.Error as e:
+      raise CompileError(f"the OpenCL compiler rejected a kernel:\n{e}\n--- source ---\n{source}") from None
+    try:
+      cache.put(key, prg.get_info(cl.program_info.BINARIES)[0])
+    except cl.Error:
+      pass
+    return getattr(prg, name)
+
+  def launch(self, program, kernel, handles: list) -> None:
+    program(self.queue, (kernel.global_size,), None, *handles)
+
+
+def create() -> Device: return OpenCLDevice()
