@@ -1,0 +1,36 @@
+"""Shared fixtures: every device the machine has, fresh random inputs, hypothesis settings."""
+from __future__ import annotations
+import os
+import numpy as np
+import pytest
+from hypothesis import settings, HealthCheck
+
+settings.register_profile("fusegrad", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
+settings.load_profile("fusegrad")
+
+
+def _has_opencl() -> bool:
+  try:
+    from fusegrad.runtime import device
+    device.get("OPENCL")
+    return True
+  except Exception:
+    return False
+
+
+DEVICES = ["CPU", "PYTHON"] + (["OPENCL"] if _has_opencl() else [])
+if os.environ.get("CI") and "OPENCL" not in DEVICES:
+  raise RuntimeError("CI must test the OPENCL device: pyopencl with PoCL is part of the test set-up")
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+  return request.param
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+  # fresh inputs on every run; the seed is printed on failure so a run can be reproduced
+  seed = int.from_bytes(os.urandom(4), "little")
+  print(f"numpy seed {seed}")
+  return np.random.default_rng(seed)
