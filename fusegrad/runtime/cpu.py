@@ -19,6 +19,9 @@ from fusegrad.runtime.device import Device, CompileError
 from fusegrad.codegen.renderer.cstyle import CRenderer
 
 FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv", "-std=gnu11"]
+# gcc's -O2 vectorizes only loops its "very cheap" model accepts, which rejects most kernels' loops
+# (they need an epilogue); clang's -O2 vectorizes them already.
+GCC_FLAGS = ["-ftree-vectorize", "-fvect-cost-model=dynamic"]
 # below this much estimated work a kernel runs on the calling thread: a hand-off costs more
 PARALLEL_MIN_WORK = 1 << 16
 
@@ -37,6 +40,12 @@ def find_compiler() -> tuple[str, str]:
       return path, (ver[0] if ver else n)
   raise RuntimeError("the CPU device needs a C compiler and found none "
                      f"(looked for {', '.join(names)} on PATH); install clang or gcc, or set FUSEGRAD_CC")
+
+
+@functools.lru_cache(None)
+def compiler_flags() -> list:
+  _, ver = find_compiler()
+  return FLAGS + ([] if "clang" in ver.lower() else GCC_FLAGS)
 
 
 @functools.lru_cache(None)
@@ -68,10 +77,11 @@ class CPUDevice(Device):
 
   def compile(self, name: str, source: str):
     cc, ver = find_compiler()
-    key = cache.key_of(source, cc, ver, " ".join(FLAGS), _host_id())
+    flags = compiler_flags()
+    key = cache.key_of(source, cc, ver, " ".join(flags), _host_id())
     binary = cache.get(key)
     if binary is None:
-      binary = self._build(cc, source)
+      binary = self._build(cc, flags, source)
       cache.put(key, binary)
     path = os.path.join(self._tmp, key + ".so")
     with open(path, "wb") as f: f.write(binary)
@@ -86,12 +96,12 @@ class CPUDevice(Device):
     fn._lib = lib  # keep the library loaded as long as the function lives
     return fn
 
-  def _build(self, cc: str, source: str) -> bytes:
+  def _build(self, cc: str, flags: list, source: str) -> bytes:
     with self._lock: self.compiles += 1
     with tempfile.TemporaryDirectory(dir=self._tmp) as d:
       out = os.path.join(d, "k.so")
       try:
-        r = subprocess.run([cc, *FLAGS, "-x", "c", "-", "-o", out, "-lm"], input=source, capture_output=True,
+        r = subprocess.run([cc, *flags, "-x", "c", "-", "-o", out, "-lm"], input=source, capture_output=True,
                            text=True, timeout=300)
       except (OSError, subprocess.SubprocessError) as e:
         raise CompileError(f"running the C compiler {cc} failed: {e}\n--- source ---\n{source}") from None

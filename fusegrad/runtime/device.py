@@ -46,11 +46,18 @@ class Buffer:
   def __init__(self, device: "Device", size: int, dtype: dt.DType):
     self.device, self.size, self.dtype, self._handle = device, size, dtype, None
 
+  def __del__(self):
+    if self._handle is not None:
+      try:
+        self.device.release(self._handle, self.nbytes)
+      except Exception:   # interpreter shutdown: nothing left to reuse it
+        pass
+
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def handle(self):
-    if self._handle is None: self._handle = self.device.alloc(self.nbytes)
+    if self._handle is None: self._handle = self.device.reuse_or_alloc(self.nbytes)
     return self._handle
 
   def copyin(self, arr: np.ndarray) -> "Buffer":
@@ -72,6 +79,22 @@ class Device:
   renderer: object = None
   supported: frozenset = frozenset(dt.ALL)
   programs: dict = field(default_factory=dict)   # source -> compiled program (in-memory cache)
+  # freed allocations kept for reuse, by size: fresh memory costs page faults (CPU) or driver calls
+  free_lists: dict = field(default_factory=dict)
+  free_bytes: int = 0
+  max_free_bytes: int = 1 << 30
+
+  def reuse_or_alloc(self, nbytes: int):
+    lst = self.free_lists.get(nbytes)
+    if lst:
+      self.free_bytes -= nbytes
+      return lst.pop()
+    return self.alloc(nbytes)
+
+  def release(self, handle, nbytes: int) -> None:
+    if self.free_bytes + nbytes > self.max_free_bytes: return   # dropped: the allocator frees it
+    self.free_lists.setdefault(nbytes, []).append(handle)
+    self.free_bytes += nbytes
 
   def alloc(self, nbytes: int): raise NotImplementedError
   def copyin(self, handle, src: np.ndarray) -> None: raise NotImplementedError
