@@ -66,6 +66,8 @@ class Reduce(Val):
   dtype: DType
   loops: tuple           # tuple[sym.Var]: the loop variables this reduction runs over
   src: Val
+  lanes: int = 1         # >1: the last loop is a lane loop with one partial accumulator per lane,
+                         # folded after the loops (independent chains the compiler can vectorize)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ reduction's accumulator lives just outside its own loops. Statements:
   ("end",)                          close the innermost loop
   ("let", name, val, arg_names)     name = val applied to the named arguments
   ("acc", name, reduce)             name = the reduction's identity
-  ("update", name, reduce, arg)     name = reduce.op(name, arg)
+  ("update", name, reduce, arg)     name = reduce.op(name, arg)   (per lane when reduce.lanes > 1)
+  ("fold", name, reduce)            name = the lanes' partial results combined (after the loops)
   ("store", buf, idx, arg)          bufs[buf][idx] = arg
 """
 from __future__ import annotations
@@ -65,6 +66,7 @@ def linearize(k: Kernel) -> list:
         lists[p] = []
       lists[p].append(("update", acc, v, emit(v.src)))
       for var in reversed(v.loops): p = close(p, var)
+      if v.lanes > 1: lists[p].append(("fold", acc, v))
       names[id(v)] = acc
       return acc
     args = tuple(emit(c) for c in children(v))
@@ -97,5 +99,6 @@ def format_listing(listing: list) -> str:
       lines.append(f"{ind}{st[1]} = {what}{extra}({', '.join(st[3])})")
     elif st[0] == "acc": lines.append(f"{ind}{st[1]} = identity of {st[2].op}")
     elif st[0] == "update": lines.append(f"{ind}{st[1]} = {st[2].op}({st[1]}, {st[3]})")
+    elif st[0] == "fold": lines.append(f"{ind}{st[1]} = {st[2].op} of its {st[2].lanes} lanes")
     elif st[0] == "store": lines.append(f"{ind}b{st[1]}[{st[2]!r}] = {st[3]}")
   return "\n".join(lines)

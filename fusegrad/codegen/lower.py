@@ -19,6 +19,8 @@ from fusegrad.codegen.ir import Gather, Load, Const, Index, Valid, Alu, Reduce, 
 
 # a fused kernel must keep at least this many independent work items, unless the output is smaller
 MIN_PARALLEL = 64
+# partial accumulators for a reduction whose innermost axis divides evenly (see ir.Reduce.lanes)
+REDUCE_LANES = 8
 
 
 class NeedsRealize(Exception):
@@ -91,12 +93,21 @@ class _Builder:
       op, axes = n.arg
       src = n.src[0]
       loops, new_idx = [], list(idx)
+      lanes = 1
       for a in axes:
-        v = sym.Var(f"r{self.nloop}", 0, src.shape[a] - 1)
+        size = src.shape[a]
+        if a == axes[-1] and size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES:
+          lanes = REDUCE_LANES
+          v = sym.Var(f"r{self.nloop}", 0, size // lanes - 1)
+          u = sym.Var(f"u{self.nloop}", 0, lanes - 1)
+          loops += [v, u]
+          new_idx[a] = sym.lin(v) * lanes + u
+        else:
+          v = sym.Var(f"r{self.nloop}", 0, size - 1)
+          loops.append(v)
+          new_idx[a] = sym.lin(v)
         self.nloop += 1
-        loops.append(v)
-        new_idx[a] = sym.lin(v)
-      r = Reduce(op, n.dtype, tuple(loops), self.ev(src, tuple(new_idx), gate))
+      r = Reduce(op, n.dtype, tuple(loops), self.ev(src, tuple(new_idx), gate), lanes)
       self.reduce_instances.setdefault(id(n), []).append((n, r))
       return r
     if n.op == "GATHER":  # the data is a realized contiguous buffer (the scheduler made sure)

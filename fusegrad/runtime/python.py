@@ -54,6 +54,10 @@ class Interpreter:
     n = end - start
     self._run(self.listing, 0, len(self.listing), env, bufs, n)
 
+  @staticmethod
+  def _acc_value(x):
+    return x[0] if isinstance(x, np.ndarray) and x.ndim == 2 else x
+
   def _block_end(self, i: int) -> int:
     depth = 0
     for j in range(i, len(self.listing)):
@@ -76,21 +80,28 @@ class Interpreter:
         continue
       if kind == "let":
         _, name, v, args = st
-        env[name] = self._value(v, [env[a] for a in args], env, bufs, n)
+        env[name] = self._value(v, [self._acc_value(env[a]) for a in args], env, bufs, n)
       elif kind == "acc":
         _, name, r = st
-        env[name] = np.full(n, reduce_identity(r.op, r.dtype), dtype=_reg(r.dtype))
-      elif kind == "update":
-        _, name, r, arg = st
+        env[name] = np.full((r.lanes, n), reduce_identity(r.op, r.dtype), dtype=_reg(r.dtype))
+      elif kind in ("update", "fold"):
+        r = st[2]
         fn = {"SUM": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum}[r.op]
         if r.dtype.is_bool: fn = {"SUM": np.logical_or, "PROD": np.logical_and}.get(r.op, fn)
+        acc = env[st[1]]
         with np.errstate(all="ignore"):
-          env[name] = fn(env[name], env[arg]).astype(_reg(r.dtype))
+          if kind == "update":   # same lane order as the compiled kernels, so results match bit for bit
+            lane = env[r.loops[-1]] if r.lanes > 1 else 0
+            acc[lane] = fn(acc[lane], env[st[3]])
+          else:
+            out = acc[0]
+            for lane in range(1, r.lanes): out = fn(out, acc[lane])
+            env[st[1]] = out[None]
       elif kind == "store":
         _, buf, idx, arg = st
         d = self.k.bufs[buf].dtype
         pos = np.broadcast_to(sym.evaluate(idx, env), (n,))
-        val = np.broadcast_to(np.asarray(env[arg]), (n,))
+        val = np.broadcast_to(np.asarray(self._acc_value(env[arg])), (n,))
         bufs[buf][pos] = _bf16_round(val) if d == dt.bfloat16 else _cast(val, d).astype(d.np if d != dt.bfloat16 else np.uint16)
       i += 1
 

@@ -144,10 +144,19 @@ class CStyleRenderer:
         lines.append(f"{indent}{self.reg_type(v.dtype)} {name} = {self.value(v, list(args))};")
       elif kind == "acc":
         _, name, r = st
-        lines.append(f"{indent}{self.reg_type(r.dtype)} {name} = {self.literal(reduce_identity(r.op, r.dtype), r.dtype)};")
+        ident = self.literal(reduce_identity(r.op, r.dtype), r.dtype)
+        if r.lanes > 1:
+          lines.append(f"{indent}{self.reg_type(r.dtype)} {name}_l[{r.lanes}] = {{{', '.join([ident] * r.lanes)}}};")
+        else:
+          lines.append(f"{indent}{self.reg_type(r.dtype)} {name} = {ident};")
       elif kind == "update":
         _, name, r, arg = st
-        lines.append(f"{indent}{self.update(r, name, arg)}")
+        acc = f"{name}_l[{r.loops[-1].name}]" if r.lanes > 1 else name
+        lines.append(f"{indent}{self.update(r, acc, arg)}")
+      elif kind == "fold":
+        _, name, r = st
+        lines.append(f"{indent}{self.reg_type(r.dtype)} {name} = {name}_l[0];")
+        for i in range(1, r.lanes): lines.append(f"{indent}{self.update(r, name, f'{name}_l[{i}]')}")
       elif kind == "store":
         _, buf, idx, arg = st
         lines.append(f"{indent}{self.store(buf, self.idx(idx), arg, k.bufs[buf].dtype)}")
