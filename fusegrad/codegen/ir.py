@@ -68,6 +68,16 @@ class Reduce(Val):
   src: Val
   lanes: int = 1         # >1: the last loop is a lane loop with one partial accumulator per lane,
                          # folded after the loops (independent chains the compiler can vectorize)
+  lane_of: object = None # a sym.Var of an output loop: the lanes are that many outputs, not folded;
+                         # the value of this Reduce inside that loop is its lane (register blocking)
+
+
+@dataclass(frozen=True, eq=True)
+class LaneRead(Val):
+  """Inside an output lane loop: the lane of an unfolded Reduce (made by the linearizer only)."""
+  reduce: Reduce
+  var: object
+  dtype: DType
 
 
 @dataclass(frozen=True)
@@ -130,10 +140,30 @@ def dependencies(roots) -> dict:
     if isinstance(v, (Load, Index)): d = sym.variables(v.idx) | v.valid.variables()
     elif isinstance(v, Valid): d = v.cond.variables()
     elif isinstance(v, Const): d = set()
-    elif isinstance(v, Reduce): d = deps[id(v.src)] - set(v.loops)
+    elif isinstance(v, Reduce):
+      d = deps[id(v.src)] - set(v.loops)
+      if v.lane_of is not None: d = d | {v.lane_of}
     elif isinstance(v, Gather): d = deps[id(v.src)]
     else:
       d = set()
       for c in v.src: d |= deps[id(c)]
     deps[id(v)] = frozenset(d)
   return deps
+
+
+def substitute(roots, env: dict) -> list:
+  """The value DAG with index variables replaced (sym.substitute on every index and condition)."""
+  memo: dict = {}
+  def sub(v):
+    r = memo.get(id(v))
+    if r is not None: return r
+    if isinstance(v, Load): r = Load(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.dtype)
+    elif isinstance(v, Index): r = Index(sym.substitute(v.idx, env), v.valid.substitute(env), v.dtype)
+    elif isinstance(v, Valid): r = Valid(v.cond.substitute(env), v.dtype)
+    elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(sub(c) for c in v.src))
+    elif isinstance(v, Gather): r = Gather(v.buf, v.size, sub(v.src), v.dtype)
+    elif isinstance(v, Reduce): r = Reduce(v.op, v.dtype, v.loops, sub(v.src), v.lanes, v.lane_of)
+    else: r = v
+    memo[id(v)] = r
+    return r
+  return [sub(v) for v in roots]

@@ -13,7 +13,7 @@ reduction's accumulator lives just outside its own loops. Statements:
   ("store", buf, idx, arg)          bufs[buf][idx] = arg
 """
 from __future__ import annotations
-from fusegrad.codegen.ir import Kernel, Reduce, Store, children, dependencies, toposort
+from fusegrad.codegen.ir import Kernel, LaneRead, Reduce, Store, children, dependencies, toposort
 
 
 def linearize(k: Kernel) -> list:
@@ -38,6 +38,7 @@ def linearize(k: Kernel) -> list:
     if s is None:
       s = ()
       for var in deps[id(v)]:
+        if isinstance(v, Reduce) and var is v.lane_of: continue   # its lanes live outside that loop
         p = var_path(var)
         if len(p) > len(s): s = p
       memo[id(v)] = s
@@ -66,6 +67,12 @@ def linearize(k: Kernel) -> list:
         lists[p] = []
       lists[p].append(("update", acc, v, emit(v.src)))
       for var in reversed(v.loops): p = close(p, var)
+      if v.lane_of is not None:   # consumers read their own lane inside the output lane loop
+        name = f"v{counter[0]}"
+        counter[0] += 1
+        lists[var_path(v.lane_of)].append(("let", name, LaneRead(v, v.lane_of, v.dtype), (acc,)))
+        names[id(v)] = name
+        return name
       if v.lanes > 1: lists[p].append(("fold", acc, v))
       names[id(v)] = acc
       return acc

@@ -15,12 +15,16 @@ from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import Node, reduce_identity
 from fusegrad.graph.view import prod, contiguous_strides
-from fusegrad.codegen.ir import Gather, Load, Const, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, toposort, dependencies
+from fusegrad.codegen.ir import (Gather, Load, Const, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, toposort,
+                                 dependencies, substitute)
 
 # a fused kernel must keep at least this many independent work items, unless the output is smaller
 MIN_PARALLEL = 64
 # partial accumulators for a reduction whose innermost axis divides evenly (see ir.Reduce.lanes)
 REDUCE_LANES = 8
+# outputs per work item along the last parallel dim of a reduction kernel (register blocking:
+# a matmul's inner loop then reads a contiguous row of the right operand for all of them)
+OUT_LANES = 16
 
 
 class NeedsRealize(Exception):
@@ -53,6 +57,7 @@ class _Builder:
     self.memo: dict = {}
     self.reduce_instances: dict[int, list] = {}
     self.nloop = 0
+    self.out_lane = None     # the output lane loop variable, when the kernel is register-blocked
 
   def buf(self, n: Node) -> int:
     if id(n) not in self.input_pos:
@@ -96,7 +101,7 @@ class _Builder:
       lanes = 1
       for a in axes:
         size = src.shape[a]
-        if a == axes[-1] and size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES:
+        if a == axes[-1] and size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES and self.out_lane is None:
           lanes = REDUCE_LANES
           v = sym.Var(f"r{self.nloop}", 0, size // lanes - 1)
           u = sym.Var(f"u{self.nloop}", 0, lanes - 1)
@@ -107,7 +112,15 @@ class _Builder:
           loops.append(v)
           new_idx[a] = sym.lin(v)
         self.nloop += 1
-      r = Reduce(op, n.dtype, tuple(loops), self.ev(src, tuple(new_idx), gate), lanes)
+      body = self.ev(src, tuple(new_idx), gate)
+      lv = self.out_lane
+      if lv is not None and lv in dependencies([body])[id(body)]:
+        # one accumulator per output lane: the lane loop runs innermost, inside the reduction's loops
+        w = sym.Var(f"w{self.nloop}", 0, lv.hi)
+        body = substitute([body], {lv: sym.lin(w)})[0]
+        r = Reduce(op, n.dtype, tuple(loops) + (w,), body, lv.hi + 1, lv)
+      else:
+        r = Reduce(op, n.dtype, tuple(loops), body, lanes)
       self.reduce_instances.setdefault(id(n), []).append((n, r))
       return r
     if n.op == "GATHER":  # the data is a realized contiguous buffer (the scheduler made sure)
@@ -143,15 +156,27 @@ def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel
   # pass 2: rebuild with the parallel dims expressed through one flat index
   gvars = tuple(v for v in ovars if v in gset)
   loops = tuple(v for v in ovars if v is not None and v not in gset)
+  lane, blocked = None, None
+  nested = any(isinstance(x, Reduce) for _, r in reduces for x in toposort([r.src]))
+  if reduces and not loops and not nested and gvars and (gvars[-1].hi + 1) % OUT_LANES == 0 and \
+     extent(gvars) // OUT_LANES >= MIN_PARALLEL:
+    # register blocking: the last parallel dim becomes (parallel, lane)
+    blocked = gvars[-1]
+    lane = sym.Var("l0", 0, OUT_LANES - 1)
+    gvars = gvars[:-1] + (sym.Var(blocked.name + "o", 0, (blocked.hi + 1) // OUT_LANES - 1),)
+    loops = (lane,)
   gsize = extent(gvars)
   gidx = sym.Var("gidx", 0, max(gsize - 1, 0))
-  env, acc = {}, 1
+  env: dict = {}
+  acc = 1
   for v in reversed(gvars):
     q = sym.div(gidx, acc)
     env[v] = q if v is gvars[0] else sym.mod(q, v.hi + 1)
     acc *= v.hi + 1
+  if blocked is not None: env[blocked] = env.pop(gvars[-1]) * OUT_LANES + lane
   idx = tuple(env.get(v, sym.lin(v)) if v is not None else sym.const(0) for v in ovars)
   b = _Builder(outputs, is_boundary)
+  b.out_lane = lane
   vals = [b.ev(n, idx, sym.TRUE) for n in outputs]
   flat_out = ravel(idx, shape)
   stores = tuple(Store(i, flat_out, v) for i, v in enumerate(vals))

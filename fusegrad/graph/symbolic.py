@@ -159,11 +159,27 @@ def div(x, c: int) -> Lin:
     c //= g
     lo, hi = bounds(r)
     if lo // c == hi // c: return add(q, lo // c)
+  # (k*y + s)//c == y//(c/k) when k divides c and 0 <= s < k
+  k_y = _split_small(r, c)
+  if k_y is not None:
+    k, y, _ = k_y
+    return add(q, div(y, c // k))
   # nested division: (y//a)//c == y//(a*c)
   if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], Div):
     inner = r.terms[0][0]
     return add(q, div(inner.x, inner.c * c))
   return add(q, Lin(((Div(r, c), 1),), 0))
+
+
+def _split_small(r: Lin, c: int):
+  """r == k*y + s with k > 1 dividing c and 0 <= s < k: returns (k, y, s), else None."""
+  for k in sorted({gcd(abs(coef), c) for _, coef in r.terms} - {1}, reverse=True):
+    big = {a: coef // k for a, coef in r.terms if coef % k == 0}
+    small = _make_with_const({a: coef for a, coef in r.terms if coef % k}, r.const)
+    if not big: continue
+    lo, hi = bounds(small)
+    if lo >= 0 and hi < k: return k, _make_with_const(big, 0), small
+  return None
 
 
 def mod(x, c: int) -> Lin:
@@ -183,6 +199,11 @@ def mod(x, c: int) -> Lin:
   for _, k in r.terms: g = gcd(g, k)
   if g > 1 and r.const % g == 0:  # (g*y) % (g*m) == g * (y % m)
     return mul(mod(Lin(tuple((a, k // g) for a, k in r.terms), r.const // g), c // g), g)
+  # (k*y + s) % c == k*(y % (c/k)) + s when k divides c and 0 <= s < k
+  k_y = _split_small(r, c)
+  if k_y is not None:
+    k, y, small = k_y
+    return add(mul(mod(y, c // k), k), small)
   # (y % b) % c == y % c when c divides b
   if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], Mod):
     inner = r.terms[0][0]

@@ -10,7 +10,7 @@ from fusegrad import dtype as dt
 from fusegrad.graph import ops, symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
-from fusegrad.codegen.ir import Gather, Load, Const, Index, Valid, Alu, Reduce
+from fusegrad.codegen.ir import Gather, LaneRead, Load, Const, Index, Valid, Alu, Reduce
 
 
 def _reg(d: dt.DType):
@@ -80,7 +80,8 @@ class Interpreter:
         continue
       if kind == "let":
         _, name, v, args = st
-        env[name] = self._value(v, [self._acc_value(env[a]) for a in args], env, bufs, n)
+        if isinstance(v, LaneRead): env[name] = env[args[0]][env[v.var]]
+        else: env[name] = self._value(v, [self._acc_value(env[a]) for a in args], env, bufs, n)
       elif kind == "acc":
         _, name, r = st
         env[name] = np.full((r.lanes, n), reduce_identity(r.op, r.dtype), dtype=_reg(r.dtype))

@@ -10,7 +10,7 @@ import math
 from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
-from fusegrad.codegen.ir import Kernel, Gather, Load, Const, Index, Valid, Alu, Reduce
+from fusegrad.codegen.ir import Kernel, Gather, LaneRead, Load, Const, Index, Valid, Alu, Reduce
 
 
 def _floordiv(num: str, c: int, may_be_negative: bool) -> str:
@@ -113,6 +113,7 @@ class CStyleRenderer:
       ld = self.load(v.buf, self.idx(v.idx), v.dtype)
       return ld if v.valid.is_true else f"({self.cond(v.valid)}?{ld}:{self.literal(0, v.dtype)})"
     if isinstance(v, Const): return self.literal(v.value, v.dtype)
+    if isinstance(v, LaneRead): return f"{a[0]}_l[{v.var.name}]"
     if isinstance(v, Gather):
       return f"(({a[0]})>=0&&({a[0]})<{v.size}?{self.load(v.buf, a[0], v.dtype)}:{self.literal(0, v.dtype)})"
     if isinstance(v, Index):
