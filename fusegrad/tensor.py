@@ -380,9 +380,26 @@ class Tensor:
       if exponent == -1 and self.dtype.is_float: return self.reciprocal()
     d = dt.result_type(self, exponent)
     if d.is_float: return self._alu("POW", exponent, dtype=d)
-    # integer powers: exact through float64 for the range where they fit
-    r = self._cast(dt.float64)._alu("POW", exponent, dtype=dt.float64)
-    return r.round()._cast(d)
+    if d.is_bool: return self.logical_or(self._operand(exponent, d).logical_not())
+    # integer powers by squaring: exact, and wrapping on overflow as PyTorch's do
+    base = self._cast(d)
+    if not isinstance(exponent, Tensor):
+      if exponent < 0: raise RuntimeError("Integers to negative integer powers are not allowed.")
+      out, bits = None, int(exponent)
+      while bits:
+        if bits & 1: out = base if out is None else out * base
+        bits >>= 1
+        if bits: base = base * base
+      return out if out is not None else base._operand(1, d)._broadcast_to(self.shape)
+    e = base._operand(exponent, d)
+    shape = broadcast_shapes(base.shape, e.shape)
+    base, e = base._broadcast_to(shape), e._broadcast_to(shape)
+    out = base._operand(1, d)._broadcast_to(shape)
+    for bit in range(d.itemsize * 8 - 1):
+      out = where((e >> bit) & 1 == 1, out * base, out)
+      base = base * base
+    x = self._cast(d)._broadcast_to(shape)   # negative exponents: 1 for base 1, +-1 for base -1, else 0
+    return where(e < 0, where(x == 1, 1, where(x == -1, out, 0)), out)
   def maximum(self, other): return self._alu("MAX", other)
   def minimum(self, other): return self._alu("MIN", other)
   def fmax(self, other):
@@ -544,7 +561,7 @@ class Tensor:
   def _check_nonempty(self, name: str, dim):
     axes = _norm_dims(dim, self.ndim)
     if self.numel() == 0 and (dim is None or any(self.shape[a] == 0 for a in axes)):
-      raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0, or the reduced "
+      raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0, or the reduced "
                        f"dim to be non-empty (shape {self.shape})")
   def max(self, dim=None, keepdim: bool = False):
     if isinstance(dim, Tensor): return self.maximum(dim)
@@ -721,7 +738,7 @@ class Tensor:
     d = _norm_dim(dim, self.ndim)
     if start < 0: start += self.shape[d]
     if not (0 <= start <= self.shape[d]) or length < 0 or start + length > self.shape[d]:
-      raise IndexError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({self.shape[d]}).")
+      raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({self.shape[d]}).")
     return self._shrink([(start, start + length) if i == d else (0, s) for i, s in enumerate(self.shape)])
   def pad(self, padding, value=0.0, mode: str = "constant") -> "Tensor":
     if mode != "constant": raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is implemented")
@@ -874,9 +891,11 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
   else:
     try:
       arr = np.array(data)
-    except (ValueError, TypeError) as e:
+    except ValueError as e:
+      raise ValueError(f"could not build a tensor from {type(data).__name__}: {e}") from None
+    except TypeError as e:
       raise TypeError(f"could not build a tensor from {type(data).__name__}: {e}") from None
-    if arr.dtype == object: raise TypeError(f"could not build a tensor from {data!r}: ragged or non-numeric data")
+    if arr.dtype == object: raise ValueError(f"could not build a tensor from {data!r}: ragged or non-numeric data")
     if arr.dtype.kind == "f" and d is None: arr = arr.astype(np.float32)   # Python floats: default dtype
     if arr.dtype.kind in "iu" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.int64)
   if arr.dtype.kind not in "biuf": raise TypeError(f"unsupported numpy dtype {arr.dtype} for a tensor")
@@ -1117,6 +1136,7 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool
   is_int = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, end, step))
   d = dt.to_dtype(dtype) if dtype is not None else (dt.int64 if is_int else dt.default_float)
   dev = _dev(device)
+  _check_device_dtype(dev, d)
   i = Tensor(_node=gn.iota(n, dt.int64 if d.is_int else d, dev))
   out = (i * step + start) if (step != 1 or start != 0) else i
   out = out._cast(d)
@@ -1219,9 +1239,12 @@ def randint(low, high=None, size=None, dtype=None, device=None) -> Tensor:
   size = _shape_arg(tuple(size) if not isinstance(size, int) else (size,))
   dev = _dev(device)
   n = prod(size)
-  bits = _random_bits(n, dev)
-  u = (bits >> 8)._cast(dt.float64) * (1.0 / (1 << 24))
-  out = (u * (high - low)).floor()._cast(dt.int64) + low
+  span = high - low
+  if span < (1 << 31):   # multiply-shift: exact integer arithmetic, no float64 needed
+    out = (_random_bits(n, dev)._cast(dt.int64) * span >> 32) + low
+  else:
+    b = _random_bits(2 * n, dev).reshape(2, n)._cast(dt.int64)
+    out = ((b[0] << 31) ^ b[1]) % span + low
   return out._cast(dt.to_dtype(dtype) if dtype is not None else dt.int64).reshape(size)
 
 

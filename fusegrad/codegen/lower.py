@@ -25,6 +25,8 @@ REDUCE_LANES = 8
 # outputs per work item along the last parallel dim of a reduction kernel (register blocking:
 # a matmul's inner loop then reads a contiguous row of the right operand for all of them)
 OUT_LANES = 16
+# ...but a kernel this small runs fused anyway: splitting it would cost more launches than it saves
+SERIAL_OK = 1 << 14
 
 
 class NeedsRealize(Exception):
@@ -148,7 +150,8 @@ def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel
   gset = set(out_vars)
   for _, r in reduces: gset &= deps[id(r)]
   extent = lambda vs: prod(v.hi + 1 for v in vs)
-  if reduces and extent(gset) < min(MIN_PARALLEL, prod(shape)) and extent(gset) < extent(out_vars):
+  if reduces and extent(gset) < min(MIN_PARALLEL, prod(shape)) and extent(gset) < extent(out_vars) and \
+     prod(shape) >= SERIAL_OK:
     # too little parallel work: give the reduction that depends on the fewest dims its own kernel
     n, _ = min(reduces, key=lambda nr: extent(deps[id(nr[1])] & out_vars))
     raise NeedsRealize(n, "fusing this reduction leaves too little parallel work")
