@@ -142,12 +142,10 @@ class Tensor:
     n = self.node
     if n.op == "CONST" and not n.realized:
       return np.full(self.shape, n.arg, dtype=self.dtype.np)
-    node = n if n.op == "BUFFER" or n.realized else gn.contiguous(n)
-    if not node.realized and node.op != "BUFFER":
+    if not n.realized:
       from fusegrad.engine.realize import realize
-      realize(node)
-    if node is not n and n.op in ("CONTIGUOUS",): pass
-    return node.buffer.numpy().reshape(self.shape)
+      realize(n)
+    return n.buffer.numpy().reshape(self.shape)
 
   def __array__(self, dtype=None, copy=None):
     a = self.numpy()
@@ -358,7 +356,6 @@ class Tensor:
   true_divide = div
   def floor_divide(self, other):
     d = dt.result_type(self, other)
-    if d.is_bool: d = dt.int64 if False else d
     if d.is_float: return self._alu("DIV", other, dtype=d).floor()
     a, b = self._cast(d), self._operand(other, d)
     q = a._alu("DIV", b)
@@ -637,11 +634,8 @@ class Tensor:
     if self.ndim == 0: return x
     n = x.shape[d]
     if n <= 1: return x
-    x = x.transpose(d, -1)
-    # window view: out[..., i] = sum_k xpad[..., i + k] with n-1 zeros in front
-    xp = x.pad((n - 1, 0))
-    win = xp._new(gn.movement(gn.movement(xp.node, "RESHAPE", xp.shape), "RESHAPE", xp.shape))
-    w = _windows(xp, n)
+    # out[..., i] = sum_k xpad[..., i + k], with n-1 zeros in front: a windowed view, one kernel
+    w = _windows(x.transpose(d, -1).pad((n - 1, 0)), n)
     return w.sum(-1).transpose(d, -1)
   def cumprod(self, dim: int):
     d = _norm_dim(dim, self.ndim)
@@ -868,10 +862,8 @@ def _windows(x: Tensor, n: int) -> Tensor:
   from fusegrad.graph.view import View
   L = x.shape[-1] - n + 1
   lead = x.shape[:-1]
-  base = x.contiguous() if False else x
-  st = 1
   outer = prod(lead)
-  flat = base.reshape(outer, x.shape[-1])
+  flat = x.reshape(outer, x.shape[-1])
   v = View((outer, L, n), (x.shape[-1], 1, 1), 0, None)
   node = gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device)
   return Tensor(_node=node).reshape(*lead, L, n)
@@ -1337,7 +1329,7 @@ def einsum(equation: str, *operands) -> Tensor:
         n = t.shape[i]
         t = t.movedim(j, -1).movedim(i if i < j else i - 1, -1)
         t = t.reshape(*t.shape[:-2], n * n)[..., ::n + 1]
-        term = term.replace(c, "", 2)[:] if False else "".join(x for k, x in enumerate(term) if k not in (i, j)) + c
+        term = "".join(x for k, x in enumerate(term) if k not in (i, j)) + c
     order = [term.index(c) for c in letters if c in term]
     t = t.permute(*order)
     shape = [sizes[c] if c in term else 1 for c in letters]
