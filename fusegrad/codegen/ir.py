@@ -103,6 +103,7 @@ class Kernel:
   stores: tuple          # tuple[Store]
   flops: int = 0         # estimated, for reporting
   gidx: sym.Var | None = None  # the flat parallel index the gvars are derived from
+  local_size: tuple | None = None  # work-group shape for devices that have one (None: the driver picks)
 
   @property
   def global_size(self) -> int:

@@ -37,6 +37,6 @@ def realize(*nodes: Node) -> None:
           dt_s = time.perf_counter() - t0
           nbytes = sum(b.size * b.dtype.itemsize for b in k.bufs)
           track.record(track.KernelRecord(k.name, dev.name, src if src is not None else format_listing(listing),
-                                          (k.global_size,), None, dt_s, k.flops, nbytes))
+                                          (k.global_size,), k.local_size, dt_s, k.flops, nbytes))
     out.buffer = buf
     gn.forget(out)

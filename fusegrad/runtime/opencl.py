@@ -58,7 +58,7 @@ class OpenCLDevice(Device):
     return getattr(prg, name)
 
   def launch(self, program, kernel, handles: list) -> None:
-    program(self.queue, (kernel.global_size,), None, *handles)
+    program(self.queue, (kernel.global_size,), kernel.local_size, *handles)
 
 
 def create() -> Device: return OpenCLDevice()
