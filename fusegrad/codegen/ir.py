@@ -68,15 +68,24 @@ class Reduce(Val):
   src: Val
   lanes: int = 1         # >1: the last loop is a lane loop with one partial accumulator per lane,
                          # folded after the loops (independent chains the compiler can vectorize)
-  lane_of: object = None # a sym.Var of an output loop: the lanes are that many outputs, not folded;
-                         # the value of this Reduce inside that loop is its lane (register blocking)
+  lane_of: tuple = ()    # output loop vars: the lanes are that block of outputs, not folded, and the
+                         # value of this Reduce inside those loops is its lane (register blocking);
+                         # the last len(lane_of) loops of `loops` run over the same block
+
+  @property
+  def lane_index(self) -> sym.Lin:
+    """Which partial accumulator an update goes to, over the lane loops."""
+    lane_loops = self.loops[-len(self.lane_of):] if self.lane_of else self.loops[-1:]
+    out = sym.const(0)
+    for v in lane_loops: out = out * (v.hi + 1) + v
+    return out
 
 
 @dataclass(frozen=True, eq=True)
 class LaneRead(Val):
-  """Inside an output lane loop: the lane of an unfolded Reduce (made by the linearizer only)."""
+  """Inside the output lane loops: the lane of an unfolded Reduce (made by the linearizer only)."""
   reduce: Reduce
-  var: object
+  idx: sym.Lin           # over the Reduce's lane_of vars
   dtype: DType
 
 
@@ -143,7 +152,7 @@ def dependencies(roots) -> dict:
     elif isinstance(v, Const): d = set()
     elif isinstance(v, Reduce):
       d = deps[id(v.src)] - set(v.loops)
-      if v.lane_of is not None: d = d | {v.lane_of}
+      d = d | set(v.lane_of)
     elif isinstance(v, Gather): d = deps[id(v.src)]
     else:
       d = set()

@@ -13,6 +13,7 @@ reduction's accumulator lives just outside its own loops. Statements:
   ("store", buf, idx, arg)          bufs[buf][idx] = arg
 """
 from __future__ import annotations
+from fusegrad.graph import symbolic as sym
 from fusegrad.codegen.ir import Kernel, LaneRead, Reduce, Store, children, dependencies, toposort
 
 
@@ -38,7 +39,7 @@ def linearize(k: Kernel) -> list:
     if s is None:
       s = ()
       for var in deps[id(v)]:
-        if isinstance(v, Reduce) and var is v.lane_of: continue   # its lanes live outside that loop
+        if isinstance(v, Reduce) and var in v.lane_of: continue   # its lanes live outside those loops
         p = var_path(var)
         if len(p) > len(s): s = p
       memo[id(v)] = s
@@ -67,10 +68,12 @@ def linearize(k: Kernel) -> list:
         lists[p] = []
       lists[p].append(("update", acc, v, emit(v.src)))
       for var in reversed(v.loops): p = close(p, var)
-      if v.lane_of is not None:   # consumers read their own lane inside the output lane loop
+      if v.lane_of:   # consumers read their own lane inside the output lane loops
         name = f"v{counter[0]}"
         counter[0] += 1
-        lists[var_path(v.lane_of)].append(("let", name, LaneRead(v, v.lane_of, v.dtype), (acc,)))
+        idx = sym.const(0)
+        for var in v.lane_of: idx = idx * (var.hi + 1) + var
+        lists[max((var_path(x) for x in v.lane_of), key=len)].append(("let", name, LaneRead(v, idx, v.dtype), (acc,)))
         names[id(v)] = name
         return name
       if v.lanes > 1: lists[p].append(("fold", acc, v))

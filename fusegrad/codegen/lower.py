@@ -22,9 +22,11 @@ from fusegrad.codegen.ir import (Gather, Load, Const, Index, Valid, Alu, Reduce,
 MIN_PARALLEL = 64
 # partial accumulators for a reduction whose innermost axis divides evenly (see ir.Reduce.lanes)
 REDUCE_LANES = 8
-# outputs per work item along the last parallel dim of a reduction kernel (register blocking:
-# a matmul's inner loop then reads a contiguous row of the right operand for all of them)
+# register blocking of a reduction kernel: each work item computes a ROW_LANES x OUT_LANES block of
+# outputs over the last two parallel dims (or OUT_LANES over the last one), so a matmul's inner loop
+# reads a contiguous row of the right operand once for ROW_LANES rows
 OUT_LANES = 16
+ROW_LANES = 4
 # ...but a kernel this small runs fused anyway: splitting it would cost more launches than it saves
 SERIAL_OK = 1 << 14
 
@@ -59,7 +61,7 @@ class _Builder:
     self.memo: dict = {}
     self.reduce_instances: dict[int, list] = {}
     self.nloop = 0
-    self.out_lane = None     # the output lane loop variable, when the kernel is register-blocked
+    self.out_lanes = ()      # the output lane loop variables, when the kernel is register-blocked
 
   def buf(self, n: Node) -> int:
     if id(n) not in self.input_pos:
@@ -103,7 +105,7 @@ class _Builder:
       lanes = 1
       for a in axes:
         size = src.shape[a]
-        if a == axes[-1] and size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES and self.out_lane is None:
+        if a == axes[-1] and size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES and not self.out_lanes:
           lanes = REDUCE_LANES
           v = sym.Var(f"r{self.nloop}", 0, size // lanes - 1)
           u = sym.Var(f"u{self.nloop}", 0, lanes - 1)
@@ -115,12 +117,13 @@ class _Builder:
           new_idx[a] = sym.lin(v)
         self.nloop += 1
       body = self.ev(src, tuple(new_idx), gate)
-      lv = self.out_lane
-      if lv is not None and lv in dependencies([body])[id(body)]:
-        # one accumulator per output lane: the lane loop runs innermost, inside the reduction's loops
-        w = sym.Var(f"w{self.nloop}", 0, lv.hi)
-        body = substitute([body], {lv: sym.lin(w)})[0]
-        r = Reduce(op, n.dtype, tuple(loops) + (w,), body, lv.hi + 1, lv)
+      bdeps = dependencies([body])[id(body)]
+      lvs = tuple(v for v in self.out_lanes if v in bdeps)
+      if lvs:
+        # one accumulator per output lane: the lane loops run innermost, inside the reduction's loops
+        ws = tuple(sym.Var(f"w{self.nloop}_{i}", 0, lv.hi) for i, lv in enumerate(lvs))
+        body = substitute([body], {lv: sym.lin(w) for lv, w in zip(lvs, ws)})[0]
+        r = Reduce(op, n.dtype, tuple(loops) + ws, body, prod(lv.hi + 1 for lv in lvs), lvs)
       else:
         r = Reduce(op, n.dtype, tuple(loops), body, lanes)
       self.reduce_instances.setdefault(id(n), []).append((n, r))
@@ -159,15 +162,20 @@ def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel
   # pass 2: rebuild with the parallel dims expressed through one flat index
   gvars = tuple(v for v in ovars if v in gset)
   loops = tuple(v for v in ovars if v is not None and v not in gset)
-  lane, blocked = None, None
+  blocked = []    # (original parallel var, lane var)
   nested = any(isinstance(x, Reduce) for _, r in reduces for x in toposort([r.src]))
   if reduces and not loops and not nested and gvars and (gvars[-1].hi + 1) % OUT_LANES == 0 and \
      extent(gvars) // OUT_LANES >= MIN_PARALLEL:
-    # register blocking: the last parallel dim becomes (parallel, lane)
-    blocked = gvars[-1]
-    lane = sym.Var("l0", 0, OUT_LANES - 1)
-    gvars = gvars[:-1] + (sym.Var(blocked.name + "o", 0, (blocked.hi + 1) // OUT_LANES - 1),)
-    loops = (lane,)
+    # register blocking: the last parallel dims become (parallel, lane)
+    blocked.append((gvars[-1], OUT_LANES))
+    if len(gvars) >= 2 and (gvars[-2].hi + 1) % ROW_LANES == 0 and \
+       extent(gvars) // (OUT_LANES * ROW_LANES) >= MIN_PARALLEL:
+      blocked.insert(0, (gvars[-2], ROW_LANES))
+    blocked = [(g, sym.Var(g.name + "o", 0, (g.hi + 1) // n - 1), sym.Var(f"l{i}", 0, n - 1))
+               for i, (g, n) in enumerate(blocked)]
+    swap = {g: go for g, go, _ in blocked}
+    gvars = tuple(swap.get(g, g) for g in gvars)
+    loops = tuple(lv for _, _, lv in blocked)
   gsize = extent(gvars)
   gidx = sym.Var("gidx", 0, max(gsize - 1, 0))
   env: dict = {}
@@ -176,10 +184,10 @@ def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel
     q = sym.div(gidx, acc)
     env[v] = q if v is gvars[0] else sym.mod(q, v.hi + 1)
     acc *= v.hi + 1
-  if blocked is not None: env[blocked] = env.pop(gvars[-1]) * OUT_LANES + lane
+  for g, go, lv in blocked: env[g] = env.pop(go) * (lv.hi + 1) + lv
   idx = tuple(env.get(v, sym.lin(v)) if v is not None else sym.const(0) for v in ovars)
   b = _Builder(outputs, is_boundary)
-  b.out_lane = lane
+  b.out_lanes = tuple(lv for _, _, lv in blocked)
   vals = [b.ev(n, idx, sym.TRUE) for n in outputs]
   flat_out = ravel(idx, shape)
   stores = tuple(Store(i, flat_out, v) for i, v in enumerate(vals))

@@ -80,7 +80,7 @@ class Interpreter:
         continue
       if kind == "let":
         _, name, v, args = st
-        if isinstance(v, LaneRead): env[name] = env[args[0]][env[v.var]]
+        if isinstance(v, LaneRead): env[name] = env[args[0]][sym.evaluate(v.idx, env)]
         else: env[name] = self._value(v, [self._acc_value(env[a]) for a in args], env, bufs, n)
       elif kind == "acc":
         _, name, r = st
@@ -92,7 +92,7 @@ class Interpreter:
         acc = env[st[1]]
         with np.errstate(all="ignore"):
           if kind == "update":   # same lane order as the compiled kernels, so results match bit for bit
-            lane = env[r.loops[-1]] if r.lanes > 1 else 0
+            lane = sym.evaluate(r.lane_index, env) if r.lanes > 1 else 0
             acc[lane] = fn(acc[lane], env[st[3]])
           else:
             out = acc[0]

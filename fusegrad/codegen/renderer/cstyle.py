@@ -113,7 +113,7 @@ class CStyleRenderer:
       ld = self.load(v.buf, self.idx(v.idx), v.dtype)
       return ld if v.valid.is_true else f"({self.cond(v.valid)}?{ld}:{self.literal(0, v.dtype)})"
     if isinstance(v, Const): return self.literal(v.value, v.dtype)
-    if isinstance(v, LaneRead): return f"{a[0]}_l[{v.var.name}]"
+    if isinstance(v, LaneRead): return f"{a[0]}_l[{self.idx(v.idx)}]"
     if isinstance(v, Gather):
       return f"(({a[0]})>=0&&({a[0]})<{v.size}?{self.load(v.buf, a[0], v.dtype)}:{self.literal(0, v.dtype)})"
     if isinstance(v, Index):
@@ -152,7 +152,7 @@ class CStyleRenderer:
           lines.append(f"{indent}{self.reg_type(r.dtype)} {name} = {ident};")
       elif kind == "update":
         _, name, r, arg = st
-        acc = f"{name}_l[{r.loops[-1].name}]" if r.lanes > 1 else name
+        acc = f"{name}_l[{self.idx(r.lane_index)}]" if r.lanes > 1 else name
         lines.append(f"{indent}{self.update(r, acc, arg)}")
       elif kind == "fold":
         _, name, r = st
