@@ -29,6 +29,9 @@ OUT_LANES = 16
 ROW_LANES = 4
 # ...but a kernel this small runs fused anyway: splitting it would cost more launches than it saves
 SERIAL_OK = 1 << 14
+# a computed value broadcast by a view is recomputed for every element it is broadcast to; past
+# this many ALU ops it gets a buffer of its own instead (randn feeding a matmul, say)
+EXPAND_RECOMPUTE_OPS = 6
 
 
 class NeedsRealize(Exception):
@@ -94,6 +97,9 @@ class _Builder:
       flat, valid = n.arg.index(idx)
       src = n.src[0]
       if self._is_leaf(src): return self._leaf(src, flat, gate & valid)
+      if any(st == 0 and s > 1 for st, s in zip(n.arg.strides, n.arg.shape)) and \
+         _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS) > EXPAND_RECOMPUTE_OPS:
+        raise NeedsRealize(src, "an expensive value broadcast by a view would be recomputed per element")
       inner = self.ev(src, unravel(flat, src.shape), gate & valid)
       if valid.is_true: return inner
       if valid.false: return Const(n.dtype.np(0).item(), n.dtype)
@@ -136,6 +142,28 @@ class _Builder:
     return Alu(n.op, n.dtype, tuple(self.ev(s, idx, gate) for s in n.src))
 
 
+def _alu_count(n: Node, is_leaf, limit: int) -> int:
+  """ALU ops computing n inside a kernel (up to leaves and reductions), counting no further than limit."""
+  seen, stack, count = set(), [n], 0
+  while stack and count <= limit:
+    x = stack.pop()
+    if id(x) in seen or is_leaf(x) or x.op == "REDUCE": continue
+    seen.add(id(x))
+    if x.op not in ("VIEW", "CONTIGUOUS"): count += 1
+    stack.extend(x.src)
+  return count
+
+
+def _reused_without(var, reduces, deps) -> bool:
+  """Does some reduction read memory, inside its loops, at an index that does not depend on var?
+  Then a block of outputs along var shares that read: register blocking along var pays."""
+  for _, r in reduces:
+    loops = set(r.loops)
+    for x in toposort([r.src]):
+      if isinstance(x, (Load, Gather)) and var not in deps[id(x)] and deps[id(x)] & loops: return True
+  return False
+
+
 def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel, list[Node]]:
   """Lower the nodes `outputs` (one shape, one device) into a Kernel; returns it and its input nodes."""
   shape = outputs[0].shape
@@ -165,11 +193,11 @@ def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel
   blocked = []    # (original parallel var, lane var)
   nested = any(isinstance(x, Reduce) for _, r in reduces for x in toposort([r.src]))
   if reduces and not loops and not nested and gvars and (gvars[-1].hi + 1) % OUT_LANES == 0 and \
-     extent(gvars) // OUT_LANES >= MIN_PARALLEL:
+     extent(gvars) // OUT_LANES >= MIN_PARALLEL and _reused_without(gvars[-1], reduces, deps):
     # register blocking: the last parallel dims become (parallel, lane)
     blocked.append((gvars[-1], OUT_LANES))
     if len(gvars) >= 2 and (gvars[-2].hi + 1) % ROW_LANES == 0 and \
-       extent(gvars) // (OUT_LANES * ROW_LANES) >= MIN_PARALLEL:
+       extent(gvars) // (OUT_LANES * ROW_LANES) >= MIN_PARALLEL and _reused_without(gvars[-2], reduces, deps):
       blocked.insert(0, (gvars[-2], ROW_LANES))
     blocked = [(g, sym.Var(g.name + "o", 0, (g.hi + 1) // n - 1), sym.Var(f"l{i}", 0, n - 1))
                for i, (g, n) in enumerate(blocked)]
