@@ -1,0 +1,224 @@
+"""fusegrad vs numpy vs PyTorch (CPU, eager) on a few common ops, side by side in one process.
+
+Prints a markdown table of median wall times and ratios (numpy/fusegrad and torch/fusegrad: above 1
+means fusegrad is faster), the number of kernels fusegrad launched per case, and a PASS/FAIL check
+of each fusegrad result against numpy.
+
+What is timed, for fusegrad: building the lazy graph from already-realized inputs plus `.realize()`
+(so the schedule, Python launch overhead and the kernels themselves), after one warm-up run that
+compiles the kernels. numpy and torch are timed on the same float32 data, eagerly.
+
+    python bench/bench_ops.py            # full sizes (about a minute on 2 cores)
+    python bench/bench_ops.py --quick    # small sizes (seconds)
+    python bench/bench_ops.py --threads 1  # every library on one thread
+"""
+from __future__ import annotations
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--quick", action="store_true", help="small sizes, a few seconds in all")
+  ap.add_argument("--budget", type=float, default=None, help="seconds of timed runs per library per case "
+                  "(default 1.5, or 0.3 with --quick); always at least one run after the warm-up")
+  ap.add_argument("--threads", type=int, default=0, help="threads for every library (fusegrad, numpy's BLAS, "
+                  "torch); default: each library's own default (all cores)")
+  return ap.parse_args(argv)
+
+
+ARGS = parse_args() if __name__ == "__main__" else parse_args([])
+if ARGS.threads > 0:   # before numpy/torch/fusegrad are imported: their thread pools read these once
+  for var in ("FUSEGRAD_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(ARGS.threads)
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fusegrad as fg  # noqa: E402
+
+try:
+  import torch
+except ImportError:   # the table still has fusegrad and numpy; `make bench` installs torch
+  torch = None
+
+EPS = 1e-5
+
+
+# ---- the cases: (name, fusegrad fn, numpy fn, torch fn, tolerance) --------------------------------------------
+
+def fg_chain(x): return (((x.exp() * 2 + 1).sqrt()) * x).relu()
+def np_chain(x): return np.maximum(np.sqrt(np.exp(x) * 2 + 1) * x, np.float32(0))
+def th_chain(x): return torch.relu(torch.sqrt(torch.exp(x) * 2 + 1) * x)
+
+
+def fg_softmax(x): return x.softmax(-1)
+def np_softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+def th_softmax(x): return torch.softmax(x, -1)
+
+
+def fg_layernorm(x):
+  m = x.mean(-1, keepdim=True)
+  c = x - m
+  return c * ((c * c).mean(-1, keepdim=True) + EPS).rsqrt()
+def np_layernorm(x):
+  c = x - x.mean(-1, keepdims=True)
+  return c / np.sqrt((c * c).mean(-1, keepdims=True) + np.float32(EPS))
+def th_layernorm(x): return torch.nn.functional.layer_norm(x, x.shape[-1:], eps=EPS)
+
+
+def fg_sum(x): return x.sum()
+def np_sum(x): return x.sum()
+def th_sum(x): return x.sum()
+
+
+def fg_matmul(a, b): return a @ b
+def np_matmul(a, b): return a @ b
+def th_matmul(a, b): return a @ b
+
+
+def cases(quick: bool):
+  n_ew = 1 << (20 if quick else 24)
+  n_sm = 1024 if quick else 4096
+  mms = (256, 512) if quick else (1024, 2048)
+  rng = np.random.default_rng(0)
+  r = lambda *s: rng.standard_normal(s, dtype=np.float32)   # noqa: E731
+  e = n_ew.bit_length() - 1
+  out = [
+    (f"relu(sqrt(exp(x)*2+1)*x), 2^{e}", (fg_chain, np_chain, th_chain), (r(n_ew),), dict(rtol=1e-5, atol=1e-6)),
+    (f"softmax(-1), {n_sm}x{n_sm}", (fg_softmax, np_softmax, th_softmax), (r(n_sm, n_sm),), dict(rtol=1e-4, atol=1e-7)),
+    (f"layernorm(-1), {n_sm}x{n_sm}", (fg_layernorm, np_layernorm, th_layernorm), (r(n_sm, n_sm),),
+     dict(rtol=1e-4, atol=1e-5)),
+  ]
+  x = r(n_ew)
+  # float32 sums of 2^24 terms differ by summation order; scale the tolerance by sum(|x|)
+  out.append((f"sum, 2^{e}", (fg_sum, np_sum, th_sum), (x,), dict(rtol=0, atol=1e-7 * float(np.abs(x).sum()))))
+  for n in mms:
+    out.append((f"matmul {n}x{n} @ {n}x{n}", (fg_matmul, np_matmul, th_matmul), (r(n, n), r(n, n)),
+                dict(rtol=1e-4, atol=1e-4 * n ** 0.5)))
+  return out
+
+
+# ---- timing ---------------------------------------------------------------------------------------------
+
+def median_ms(fn, budget_s: float, max_runs: int = 15) -> tuple[float, int]:
+  """Median wall time of fn() over as many runs as fit in budget_s (at least one, at most max_runs)."""
+  times = []
+  start = time.perf_counter()
+  while len(times) < max_runs and (not times or time.perf_counter() - start < budget_s):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times) * 1e3, len(times)
+
+
+def machine() -> str:
+  model = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          model = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return f"{model}, {os.cpu_count()} logical cores ({usable} usable), {platform.system()} {platform.machine()}"
+
+
+def blas_name() -> str:
+  try:
+    cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    return f"{cfg.get('name', '?')} {cfg.get('version', '')}".strip()
+  except Exception:
+    return "unknown BLAS"
+
+
+def fg_version() -> str:
+  """The commit fusegrad was loaded from, and whether its tree had uncommitted changes."""
+  import subprocess
+  root = os.path.dirname(os.path.dirname(os.path.abspath(fg.__file__)))
+  try:
+    head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          timeout=10).stdout.strip()
+    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "fusegrad"], capture_output=True,
+                           text=True, timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "unknown commit"
+  return f"commit {head}{' + uncommitted changes' if dirty else ''}" if head else "not a git checkout"
+
+
+def fg_threads() -> str:
+  from fusegrad.runtime import device
+  return str(getattr(device.get("CPU"), "threads", "?"))
+
+
+def main() -> int:
+  args = ARGS
+  budget = args.budget if args.budget is not None else (0.3 if args.quick else 1.5)
+
+  print(f"machine: {machine()}")
+  blas_threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
+  print(f"python {platform.python_version()}, numpy {np.__version__} ({blas_name()}, {blas_threads} threads), "
+        f"torch {torch.__version__ + f' ({torch.get_num_threads()} threads)' if torch else 'not installed'}, "
+        f"fusegrad {fg_version()}, CPU device ({fg_threads()} threads)")
+  print(f"date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}"
+        f"{', --quick sizes' if args.quick else ''}")
+  if hasattr(os, "getloadavg"):   # other processes on the machine skew every column: say how busy it was
+    print("load average before: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+  print()
+
+  rows, failed = [], 0
+  t_start = time.perf_counter()
+  for name, (f_fg, f_np, f_th), arrays, tol in cases(args.quick):
+    xs = [fg.tensor(a, device="CPU").realize() for a in arrays]
+    # warm-up: compiles the kernels; each timed run rebuilds the graph and realizes it again
+    with fg.track() as tr:
+      got = f_fg(*xs).realize().numpy()
+    kernels, kernel_s = len(tr.kernels), []
+
+    def run_fg():
+      with fg.track() as t:   # on the CPU device tracking only reads the clock around each launch
+        f_fg(*xs).realize()
+      kernel_s.append(sum(k.time_s for k in t.kernels))
+    fg_ms, runs = median_ms(run_fg, budget)
+    kernel_ms = statistics.median(kernel_s) * 1e3
+
+    ref = f_np(*arrays)
+    np_ms, _ = median_ms(lambda: f_np(*arrays), budget)
+    ok = got.shape == np.shape(ref) and np.allclose(got, ref, **tol)
+    err = float(np.max(np.abs(got.astype(np.float64) - ref))) if got.shape == np.shape(ref) else float("nan")
+    failed += not ok
+
+    th_ms = float("nan")
+    if torch is not None:
+      ts = [torch.from_numpy(a) for a in arrays]
+      f_th(*ts)   # warm-up
+      th_ms, _ = median_ms(lambda: f_th(*ts), budget)
+    rows.append((name, fg_ms, np_ms, th_ms, kernels, kernel_ms, runs, "PASS" if ok else f"FAIL (max err {err:.3g})"))
+    print(f"  {name}: fusegrad {fg_ms:.2f} ms ({runs} runs), numpy {np_ms:.2f} ms, torch {th_ms:.2f} ms, "
+          f"max abs err {err:.2g}", file=sys.stderr)
+
+  def fmt(ms): return "n/a" if ms != ms else (f"{ms:.3f}" if ms < 1 else f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}")
+  def ratio(a, b): return "n/a" if a != a else f"{a / b:.2f}x"
+  print("| case | fusegrad ms | numpy ms | torch ms | numpy/fusegrad | torch/fusegrad | kernels | "
+        "fusegrad kernel ms | check |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+  for name, f, n, t, k, kms, runs, check in rows:
+    print(f"| {name} | {fmt(f)} | {fmt(n)} | {fmt(t)} | {ratio(n, f)} | {ratio(t, f)} | {k} | {fmt(kms)} | {check} |")
+  print(f"\nmedian wall time per call; ratios above 1x mean fusegrad is faster. 'fusegrad kernel ms' is the "
+        f"median time inside the kernels themselves (fusegrad.track()); the rest of 'fusegrad ms' is graph building, "
+        f"scheduling and launch overhead. Total bench time {time.perf_counter() - t_start:.0f} s"
+        + (f", load average after: {os.getloadavg()[0]:.2f}." if hasattr(os, "getloadavg") else "."))
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
