@@ -63,6 +63,7 @@ class _Builder:
     self.input_pos: dict[int, int] = {}
     self.memo: dict = {}
     self.reduce_instances: dict[int, list] = {}
+    self.instances: dict[int, int] = {}   # id(node) -> how many different indices it was evaluated at
     self.nloop = 0
     self.out_lanes = ()      # the output lane loop variables, when the kernel is register-blocked
 
@@ -76,6 +77,7 @@ class _Builder:
     key = (id(n), idx, gate)
     v = self.memo.get(key)
     if v is None:
+      self.instances[id(n)] = self.instances.get(id(n), 0) + 1
       v = self.memo[key] = self._ev(n, idx, gate)
     return v
 
@@ -154,6 +156,17 @@ def _alu_count(n: Node, is_leaf, limit: int) -> int:
   return count
 
 
+def _nodes_below(outputs: list[Node], is_leaf) -> list[Node]:
+  out, seen, stack = [], set(), list(outputs)
+  while stack:
+    x = stack.pop()
+    if id(x) in seen: continue
+    seen.add(id(x))
+    out.append(x)
+    if not (is_leaf(x) and x not in outputs): stack.extend(x.src)
+  return out
+
+
 def _reused_without(var, reduces, deps) -> bool:
   """Does some reduction read memory, inside its loops, at an index that does not depend on var?
   Then a block of outputs along var shares that read: register blocking along var pays."""
@@ -175,6 +188,10 @@ def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel
   vals = [b.ev(n, oidx, sym.TRUE) for n in outputs]
   for nid, inst in b.reduce_instances.items():
     if len(inst) > 1: raise NeedsRealize(inst[0][0], "reduction evaluated at several indices")
+  for n in _nodes_below(outputs, b._is_leaf):
+    if b.instances.get(id(n), 0) > 1 and n.op != "REDUCE" and \
+       _alu_count(n, b._is_leaf, EXPAND_RECOMPUTE_OPS) > EXPAND_RECOMPUTE_OPS:
+      raise NeedsRealize(n, "an expensive value would be computed at several indices")
   deps = dependencies(vals)
   out_vars = {v for v in ovars if v is not None}
   reduces = [(inst[0][0], inst[0][1]) for inst in b.reduce_instances.values()]
