@@ -73,6 +73,11 @@ def broadcast_shapes(*shapes) -> tuple:
 def _is_scalar(x) -> bool: return isinstance(x, (int, float, bool, np.integer, np.floating, np.bool_))
 
 
+def _result_type(*operands) -> DType:
+  # numpy scalars promote like the Python scalars they hold, as in PyTorch
+  return dt.result_type(*(o.item() if isinstance(o, np.generic) else o for o in operands))
+
+
 # ---- the tensor ----------------------------------------------------------------------------------------------
 
 class Tensor:
@@ -245,7 +250,7 @@ class Tensor:
 
   def _alu(self, op: str, *others, dtype: DType | None = None, out: DType | None = None) -> "Tensor":
     """Apply a primitive op with PyTorch's promotion and broadcasting; `dtype` forces the compute dtype."""
-    d = dtype or dt.result_type(self, *others)
+    d = dtype or _result_type(self, *others)
     ts = [self._cast(d)] + [self._operand(o, d) for o in others]
     shape = broadcast_shapes(*[t.shape for t in ts])
     ts = [t._broadcast_to(shape) for t in ts]
@@ -253,7 +258,7 @@ class Tensor:
     return r._cast(out) if out is not None else r
 
   def _float_dtype(self, *others) -> DType:
-    d = dt.result_type(self, *others)
+    d = _result_type(self, *others)
     return d if d.is_float else dt.default_float
 
   def _unary_float(self, op: str) -> "Tensor":
@@ -280,11 +285,10 @@ class Tensor:
   def erf(self): return self._unary_float("ERF")
   def reciprocal(self): return self._unary_float("RECIP")
   def abs(self): return self if self.dtype.is_bool or self.dtype.is_unsigned else self._alu("ABS")
-  def square(self): return self * self
+  def square(self): return self.pow(2)
   def sign(self):
     if self.dtype.is_bool: return self
-    z = self._new(gn.const(0, self.dtype, (), self.device))
-    return (self > 0)._cast(self.dtype) - (self < 0)._cast(self.dtype) + self * z  # the last term keeps NaN
+    return (self > 0)._cast(self.dtype) - (self < 0)._cast(self.dtype)   # NaN gives 0, as in PyTorch
   def floor(self): return self if not self.dtype.is_float else self._alu("FLOOR")
   def ceil(self): return self if not self.dtype.is_float else self._alu("CEIL")
   def trunc(self): return self if not self.dtype.is_float else self._alu("TRUNC")
@@ -303,7 +307,9 @@ class Tensor:
   def bitwise_not(self):
     if self.dtype.is_float: raise TypeError(f"bitwise_not is only supported for integer and boolean tensors, got {self.dtype.name}")
     return self._alu("NOT")
-  def relu(self): return self.maximum(self._new(gn.const(0, self.dtype, (), self.device))) if not self.dtype.is_bool else self
+  def relu(self):
+    if self.dtype.is_bool: raise RuntimeError("Boolean inputs not supported for relu")
+    return self.maximum(self._new(gn.const(0, self.dtype, (), self.device)))
   def sigmoid(self):
     x = self._cast(self._float_dtype())
     return (1 + (-x).exp()).reciprocal()
@@ -332,38 +338,47 @@ class Tensor:
   # ---- binary ----
   def add(self, other, alpha=None):
     if alpha is not None: other = other * alpha
-    d = dt.result_type(self, other)
+    d = _result_type(self, other)
     return self._alu("OR" if d.is_bool else "ADD", other)
   def sub(self, other, alpha=None):
     if alpha is not None: other = other * alpha
-    d = dt.result_type(self, other)
+    d = _result_type(self, other)
     if d.is_bool: raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
                                      "Use the `^` or `logical_xor()` operator instead.")
     return self._alu("SUB", other)
   def mul(self, other):
-    d = dt.result_type(self, other)
+    d = _result_type(self, other)
     return self._alu("AND" if d.is_bool else "MUL", other)
   def div(self, other, rounding_mode: str | None = None):
     if rounding_mode is None:
       d = self._float_dtype(other)
       return self._alu("DIV", other, dtype=d)
     if rounding_mode == "trunc":
-      d = dt.result_type(self, other)
+      d = _result_type(self, other)
       q = self._alu("DIV", other, dtype=d)
       return q.trunc() if d.is_float else q
     if rounding_mode == "floor": return self.floor_divide(other)
     raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r}")
   true_divide = div
   def floor_divide(self, other):
-    d = dt.result_type(self, other)
-    if d.is_float: return self._alu("DIV", other, dtype=d).floor()
+    d = _result_type(self, other)
     a, b = self._cast(d), self._operand(other, d)
+    if d.is_float:
+      # as PyTorch (c10 div_floor_floating) does it, through fmod: inf // 1.5 is nan and 1 // 0.1 is 9
+      mod = a._alu("MOD", b)
+      div = (a - mod)._alu("DIV", b)
+      div = where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+      fl = div.floor()
+      fl = where(div - fl > 0.5, fl + 1, fl)
+      q = a._alu("DIV", b)
+      zero = where(q < 0, -0.0, 0.0)._cast(d)
+      return where(b == 0, q, where(div == 0, zero, fl))
     q = a._alu("DIV", b)
     r = a._alu("MOD", b)
     adjust = (r != 0) & ((r < 0) != (b < 0))
     return q - adjust._cast(d)
   def remainder(self, other):
-    d = dt.result_type(self, other)
+    d = _result_type(self, other)
     a, b = self._cast(d), self._operand(other, d)
     r = a._alu("MOD", b)
     adjust = (r != 0) & ((r < 0) != (b < 0))
@@ -371,11 +386,13 @@ class Tensor:
   def fmod(self, other): return self._alu("MOD", other)
   def pow(self, exponent):
     if _is_scalar(exponent) and not isinstance(exponent, bool):
-      if exponent == 2: return self * self
-      if exponent == 1: return self._cast(dt.result_type(self, exponent))
+      if exponent == 2:
+        x = self._cast(_result_type(self, exponent))   # bool ** 2 is int64
+        return x * x
+      if exponent == 1: return self._cast(_result_type(self, exponent))
       if exponent == 0.5 and self.dtype.is_float: return self.sqrt()
       if exponent == -1 and self.dtype.is_float: return self.reciprocal()
-    d = dt.result_type(self, exponent)
+    d = _result_type(self, exponent)
     if d.is_float: return self._alu("POW", exponent, dtype=d)
     if d.is_bool: return self.logical_or(self._operand(exponent, d).logical_not())
     # integer powers by squaring: exact, and wrapping on overflow as PyTorch's do
@@ -400,10 +417,10 @@ class Tensor:
   def maximum(self, other): return self._alu("MAX", other)
   def minimum(self, other): return self._alu("MIN", other)
   def fmax(self, other):
-    o = self._operand(other, dt.result_type(self, other))
+    o = self._operand(other, _result_type(self, other))
     return where(self.isnan(), o, where(o.isnan(), self, self.maximum(o)))
   def fmin(self, other):
-    o = self._operand(other, dt.result_type(self, other))
+    o = self._operand(other, _result_type(self, other))
     return where(self.isnan(), o, where(o.isnan(), self, self.minimum(o)))
   def eq(self, other): return self._alu("CMPEQ", other)
   def ne(self, other): return self._alu("CMPNE", other)
@@ -412,18 +429,19 @@ class Tensor:
   def gt(self, other): return _rev(other, self)._alu("CMPLT", self) if isinstance(other, Tensor) else self._gt_scalar(other)
   def ge(self, other): return _rev(other, self)._alu("CMPLE", self) if isinstance(other, Tensor) else self._ge_scalar(other)
   def _gt_scalar(self, other):
-    d = dt.result_type(self, other)
+    d = _result_type(self, other)
     return self._operand(other, d)._broadcast_to(self.shape)._alu("CMPLT", self._cast(d), dtype=d)
   def _ge_scalar(self, other):
-    d = dt.result_type(self, other)
+    d = _result_type(self, other)
     return self._operand(other, d)._broadcast_to(self.shape)._alu("CMPLE", self._cast(d), dtype=d)
   def logical_and(self, other): return self._cast(dt.bool_)._alu("AND", _as_bool(other, self))
   def logical_or(self, other): return self._cast(dt.bool_)._alu("OR", _as_bool(other, self))
   def logical_xor(self, other): return self._cast(dt.bool_)._alu("XOR", _as_bool(other, self))
   def _bitwise(self, op, other):
-    d = dt.result_type(self, other)
+    d = _result_type(self, other)
     if d.is_float:
-      raise RuntimeError(f"bitwise ops are only supported for integer and boolean tensors, got {d.name}")
+      raise NotImplementedError(f"bitwise ops are only implemented for integer and boolean tensors, not for "
+                                f"{d.name} (shapes {self.shape} and {getattr(other, 'shape', ())})")
     return self._alu(op, other)
   def bitwise_and(self, other): return self._bitwise("AND", other)
   def bitwise_or(self, other): return self._bitwise("OR", other)
@@ -462,7 +480,8 @@ class Tensor:
   def __radd__(self, o): return _rev(o, self).add(self)
   def __rsub__(self, o): return _rev(o, self).sub(self)
   def __rmul__(self, o): return _rev(o, self).mul(self)
-  def __rtruediv__(self, o): return _rev(o, self).div(self)
+  def __rtruediv__(self, o):   # the scalar joins in the float dtype: -3 / uint8 is not 253 / uint8
+    return (o if isinstance(o, Tensor) else self._operand(o, self._float_dtype(o))).div(self)
   def __rfloordiv__(self, o): return _rev(o, self).floor_divide(self)
   def __rmod__(self, o): return _rev(o, self).remainder(self)
   def __rpow__(self, o): return _rev(o, self).pow(self)
@@ -611,21 +630,24 @@ class Tensor:
     return out if keepdim else out.squeeze(d)
   def argmax(self, dim=None, keepdim: bool = False): return self._arg("MAX", dim, keepdim, "argmax")
   def argmin(self, dim=None, keepdim: bool = False): return self._arg("MIN", dim, keepdim, "argmin")
-  def any(self, dim=None, keepdim: bool = False): return self._cast(dt.bool_)._reduce("MAX", dim, keepdim)
-  def all(self, dim=None, keepdim: bool = False): return self._cast(dt.bool_)._reduce("MIN", dim, keepdim)
+  # PyTorch keeps uint8 for any/all of uint8 input
+  def any(self, dim=None, keepdim: bool = False):
+    return self._cast(dt.bool_)._reduce("MAX", dim, keepdim)._cast(dt.uint8 if self.dtype == dt.uint8 else dt.bool_)
+  def all(self, dim=None, keepdim: bool = False):
+    return self._cast(dt.bool_)._reduce("MIN", dim, keepdim)._cast(dt.uint8 if self.dtype == dt.uint8 else dt.bool_)
   def logsumexp(self, dim, keepdim: bool = False):
     x = self._cast(self._float_dtype())
-    m = x.amax(dim, keepdim=True)
+    m = x._reduce("MAX", dim, True)
     m = where(m.isinf(), 0.0, m)
     out = (x - m).exp().sum(dim, keepdim=True).log() + m
     return out if keepdim else out.squeeze(_norm_dims(dim, self.ndim))
   def softmax(self, dim: int = -1, dtype=None):
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
-    e = (x - x.amax(dim, keepdim=True)).exp()
+    e = (x - x._reduce("MAX", dim, True)).exp()
     return e / e.sum(dim, keepdim=True)
   def log_softmax(self, dim: int = -1, dtype=None):
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
-    s = x - x.amax(dim, keepdim=True)
+    s = x - x._reduce("MAX", dim, True)
     return s - s.exp().sum(dim, keepdim=True).log()
   def cumsum(self, dim: int, dtype=None):
     d = _norm_dim(dim, self.ndim) if self.ndim else 0
@@ -738,7 +760,7 @@ class Tensor:
     if mode != "constant": raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is implemented")
     padding = tuple(int(p) for p in padding)
     if len(padding) % 2 or len(padding) // 2 > self.ndim:
-      raise ValueError(f"Padding length must be divisible by 2 and at most twice the number of dimensions of the input "
+      raise RuntimeError(f"Padding length must be divisible by 2 and at most twice the number of dimensions of the input "
                        f"({self.ndim}); got {len(padding)}")
     pads = [(0, 0)] * self.ndim
     for i in range(len(padding) // 2): pads[self.ndim - 1 - i] = (padding[2 * i], padding[2 * i + 1])
@@ -817,11 +839,11 @@ class Tensor:
 
   # ---- linear algebra ----
   def matmul(self, other: "Tensor") -> "Tensor":
-    if not isinstance(other, Tensor): other = self._operand(other, dt.result_type(self, other))
+    if not isinstance(other, Tensor): other = self._operand(other, _result_type(self, other))
     a, b = self, other
     if a.ndim == 0 or b.ndim == 0:
       raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {a.ndim}D and {b.ndim}D")
-    d = dt.result_type(a, b)
+    d = _result_type(a, b)
     a, b = a._cast(d), b._cast(d)
     va, vb = a.ndim == 1, b.ndim == 1
     if va: a = a.reshape(1, a.shape[0])
@@ -850,7 +872,7 @@ class Tensor:
 def _rev(o, like: Tensor) -> Tensor:
   """A reflected operand as a tensor of the promoted dtype (for 2 - x and friends)."""
   if isinstance(o, Tensor): return o
-  return like._operand(o, dt.result_type(like, o))
+  return like._operand(o, _result_type(like, o))
 
 
 def _as_bool(o, like: Tensor) -> Tensor:
@@ -888,7 +910,8 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
     except TypeError as e:
       raise TypeError(f"could not build a tensor from {type(data).__name__}: {e}") from None
     if arr.dtype == object: raise ValueError(f"could not build a tensor from {data!r}: ragged or non-numeric data")
-    if arr.dtype.kind == "f" and d is None: arr = arr.astype(np.float32)   # Python floats: default dtype
+    # Python floats: default dtype (numpy float scalars keep theirs, as in torch.tensor)
+    if arr.dtype.kind == "f" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.float32)
     if arr.dtype.kind in "iu" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.int64)
   if arr.dtype.kind not in "biuf": raise TypeError(f"unsupported numpy dtype {arr.dtype} for a tensor")
   if d is not None and d != dt.bfloat16:
@@ -912,7 +935,7 @@ def where(condition, input, other) -> Tensor:
   cond = condition if isinstance(condition, Tensor) else like._operand(condition, dt.bool_)
   if not isinstance(condition, Tensor) and not _is_scalar(condition): cond = Tensor(condition, device=like.device)
   cond = cond._cast(dt.bool_)
-  d = dt.result_type(*(o for o in (input, other)))
+  d = _result_type(*(o for o in (input, other)))
   a = like._operand(input, d) if not isinstance(input, Tensor) else input._cast(d)
   b = like._operand(other, d) if not isinstance(other, Tensor) else other._cast(d)
   for t in (a, b):
@@ -1089,7 +1112,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
 def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
   size = _shape_arg((size,) if isinstance(size, (int, np.integer)) else tuple(size))
   if any(s < 0 for s in size): raise RuntimeError(f"Trying to create tensor with negative dimension: {list(size)}")
-  d = dt.to_dtype(dtype) if dtype is not None else dt.result_type(fill_value)
+  d = dt.to_dtype(dtype) if dtype is not None else _result_type(fill_value)
   _check_device_dtype(_dev(device), d)
   return Tensor(_node=gn.const(fill_value, d, size, _dev(device)), requires_grad=requires_grad)
 
@@ -1255,7 +1278,10 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
   tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or [ref]
   d = _norm_dim(dim, ref.ndim)
   for i, t in enumerate(tensors):
-    if t.ndim != ref.ndim or any(a != b for k, (a, b) in enumerate(zip(t.shape, ref.shape)) if k != d):
+    if t.ndim != ref.ndim:
+      raise RuntimeError(f"Tensors must have same number of dimensions: got {ref.ndim} and {t.ndim} "
+                         f"(tensor number {i} in the list has shape {list(t.shape)})")
+    if any(a != b for k, (a, b) in enumerate(zip(t.shape, ref.shape)) if k != d):
       raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected size "
                          f"{[s for k, s in enumerate(ref.shape) if k != d]} but got size "
                          f"{[s for k, s in enumerate(t.shape) if k != d]} for tensor number {i} in the list.")

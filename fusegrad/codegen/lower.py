@@ -98,13 +98,13 @@ class _Builder:
     if n.op == "VIEW":
       flat, valid = n.arg.index(idx)
       src = n.src[0]
+      if valid.false: return Const(n.dtype.np(0).item(), n.dtype)   # padding only: the source is not read
       if self._is_leaf(src): return self._leaf(src, flat, gate & valid)
       if any(st == 0 and s > 1 for st, s in zip(n.arg.strides, n.arg.shape)) and \
          _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS) > EXPAND_RECOMPUTE_OPS:
         raise NeedsRealize(src, "an expensive value broadcast by a view would be recomputed per element")
       inner = self.ev(src, unravel(flat, src.shape), gate & valid)
       if valid.is_true: return inner
-      if valid.false: return Const(n.dtype.np(0).item(), n.dtype)
       return Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), inner, Const(n.dtype.np(0).item(), n.dtype)))
     if n.op == "REDUCE":
       op, axes = n.arg

@@ -14,7 +14,9 @@ def realize(*nodes: Node) -> None:
   for item in create_schedule(list(nodes)):
     out = item.outputs[0]
     dev = rd.get(out.device)
-    if item.kind == "COPY":
+    if item.kind == "EMPTY":
+      buf = rd.Buffer(dev, 0, out.dtype)
+    elif item.kind == "COPY":
       src = item.inputs[0].buffer
       buf = rd.Buffer(dev, out.numel, out.dtype)
       if out.numel: buf.copyin(src.numpy())

@@ -3,6 +3,7 @@ into a shared library, loaded with ctypes and run over all cores by a pool of th
 releases the GIL during the call, so the threads run in parallel).
 """
 from __future__ import annotations
+import atexit
 import ctypes
 import functools
 import os
@@ -70,6 +71,7 @@ class CPUDevice(Device):
     self.compiles = 0         # compiler invocations in this process (tests read it)
     self._lock = threading.Lock()
     self._tmp = tempfile.mkdtemp(prefix="fusegrad-")
+    atexit.register(shutil.rmtree, self._tmp, True)
 
   def alloc(self, nbytes: int): return np.empty(max(nbytes, 1), dtype=np.uint8)
   def copyin(self, handle, src: np.ndarray) -> None: handle[:src.nbytes] = src
@@ -80,21 +82,26 @@ class CPUDevice(Device):
     flags = compiler_flags()
     key = cache.key_of(source, cc, ver, " ".join(flags), _host_id())
     binary = cache.get(key)
-    if binary is None:
+    lib = self._load(binary, key) if binary is not None else None   # a checksummed entry can still be foreign
+    if lib is None:
       binary = self._build(cc, flags, source)
       cache.put(key, binary)
-    path = os.path.join(self._tmp, key + ".so")
-    with open(path, "wb") as f: f.write(binary)
-    try:
-      lib = ctypes.CDLL(path)
-    except OSError as e:
-      raise CompileError(f"could not load the compiled kernel {name}: {e}") from None
-    finally:
-      os.unlink(path)
+      lib = self._load(binary, key)
+      if lib is None: raise CompileError(f"could not load the freshly compiled kernel {name}\n--- source ---\n{source}")
     fn = getattr(lib, name)
     fn.restype = None
     fn._lib = lib  # keep the library loaded as long as the function lives
     return fn
+
+  def _load(self, binary: bytes, key: str):
+    path = os.path.join(self._tmp, key + ".so")
+    with open(path, "wb") as f: f.write(binary)
+    try:
+      return ctypes.CDLL(path)
+    except OSError:
+      return None
+    finally:
+      os.unlink(path)
 
   def _build(self, cc: str, flags: list, source: str) -> bytes:
     with self._lock: self.compiles += 1

@@ -14,7 +14,7 @@ from fusegrad.codegen.ir import Kernel
 
 @dataclass
 class ScheduleItem:
-  kind: str                 # "KERNEL" or "COPY"
+  kind: str                 # "KERNEL", "COPY" or "EMPTY" (no elements: a buffer and nothing to run)
   outputs: list
   inputs: list
   kernel: Kernel | None = None
@@ -35,6 +35,7 @@ def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
         seen.add(id(n)); order.append(n)
   cut = {id(r) for r in roots}
   for n in order:
+    if n.realized: continue
     if n.op in ("CONTIGUOUS", "COPY"): cut.add(id(n))
     if n.op in ("COPY", "GATHER") and not n.src[0].realized: cut.add(id(n.src[0]))
 
@@ -59,7 +60,7 @@ def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
         cut.add(id(n)); changed = True
     if changed: lowered.clear(); continue
     for n in order:
-      if id(n) not in cut or n.op == "COPY" or id(n) in lowered: continue
+      if id(n) not in cut or n.op == "COPY" or n.numel == 0 or id(n) in lowered: continue
       try:
         lowered[id(n)] = lower([n], is_boundary)
       except NeedsRealize as e:
@@ -72,7 +73,8 @@ def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
   items = []
   for n in order:
     if id(n) not in cut: continue
-    if n.op == "COPY": items.append(ScheduleItem("COPY", [n], [n.src[0]]))
+    if n.numel == 0: items.append(ScheduleItem("EMPTY", [n], []))
+    elif n.op == "COPY": items.append(ScheduleItem("COPY", [n], [n.src[0]]))
     else:
       k, inputs = lowered[id(n)]
       items.append(ScheduleItem("KERNEL", [n], inputs, k))

@@ -1,0 +1,246 @@
+"""Kernel counts of common patterns on the CPU device, with their values checked against numpy.
+
+Inputs are realized before the `fusegrad.track()` block, so the block counts only the kernels of
+the op under test. Counts marked "pinned" are the current count where the spec allows more: a
+change in either direction should be a deliberate one.
+"""
+from __future__ import annotations
+import numpy as np
+import pytest
+import fusegrad as fg
+from fusegrad.graph import node as gn
+from fusegrad.schedule.schedule import create_schedule
+
+DEV = "CPU"
+
+
+def realized(arr: np.ndarray) -> fg.Tensor:
+  return fg.tensor(np.ascontiguousarray(arr), device=DEV).realize()
+
+
+def run(fn):
+  """(numpy value, tracker) of fn()'s result, realized inside a track() block."""
+  with fg.track() as t:
+    out = fn().numpy()
+  return out, t
+
+
+def randn(rng, *shape) -> np.ndarray: return rng.standard_normal(shape).astype(np.float32)
+
+
+# ---- elementwise, reduce, matmul ------------------------------------------------------------------------
+
+def test_elementwise_chain_is_one_kernel(rng):
+  a, b, c = (randn(rng, 16, 33) for _ in range(3))
+  ta, tb, tc = map(realized, (a, b, c))
+  out, t = run(lambda: ((ta + tb) * tc).exp())
+  assert len(t.kernels) == 1
+  np.testing.assert_allclose(out, np.exp((a + b) * c), rtol=1e-5, atol=1e-6)
+
+
+def test_mul_then_sum_is_one_kernel(rng):
+  a, b = randn(rng, 16, 40), randn(rng, 16, 40)
+  ta, tb = realized(a), realized(b)
+  out, t = run(lambda: (ta * tb).sum(1))
+  assert len(t.kernels) == 1
+  assert out.shape == (16,)
+  np.testing.assert_allclose(out, (a.astype(np.float64) * b).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_relu_is_one_kernel(rng):
+  x, w, b = randn(rng, 32, 64), randn(rng, 64, 48), randn(rng, 48)
+  tx, tw, tb = map(realized, (x, w, b))
+  out, t = run(lambda: (tx @ tw + tb).relu())
+  assert len(t.kernels) == 1
+  np.testing.assert_allclose(out, np.maximum(x.astype(np.float64) @ w + b, 0), rtol=1e-4, atol=1e-4)
+
+
+# ---- softmax / layernorm -------------------------------------------------------------------------------
+
+def np_softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def np_layernorm(x, g, b, eps=1e-5):
+  m = x.mean(-1, keepdims=True)
+  v = ((x - m) ** 2).mean(-1, keepdims=True)
+  return (x - m) / np.sqrt(v + eps) * g + b
+
+
+def fg_layernorm(x, g, b, eps=1e-5):
+  m = x.mean(-1, keepdim=True)
+  v = ((x - m) ** 2).mean(-1, keepdim=True)
+  return (x - m) / (v + eps).sqrt() * g + b
+
+
+@pytest.mark.parametrize("shape", [(128, 64), (4, 8), (2, 3, 50)])
+def test_softmax_last_axis_is_one_kernel(rng, shape):
+  # spec: <= 2 kernels; pinned at the current 1 (max and sum reused per row inside one kernel)
+  x = randn(rng, *shape) * 3
+  tx = realized(x)
+  out, t = run(lambda: tx.softmax(-1))
+  assert len(t.kernels) == 1
+  np.testing.assert_allclose(out, np_softmax(x.astype(np.float64)), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(128, 64), (4, 8), (2, 3, 50)])
+def test_layernorm_is_one_kernel(rng, shape):
+  # spec: <= 3 kernels; pinned at the current 1
+  n = shape[-1]
+  x, g, b = randn(rng, *shape) * 2 + 1, randn(rng, n), randn(rng, n)
+  tx, tg, tb = map(realized, (x, g, b))
+  out, t = run(lambda: fg_layernorm(tx, tg, tb))
+  assert len(t.kernels) == 1
+  np.testing.assert_allclose(out, np_layernorm(x.astype(np.float64), g, b), rtol=1e-4, atol=1e-4)
+
+
+# ---- big reductions ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dist", ["uniform", "normal"])
+def test_full_sum_of_1e7_is_two_kernels_and_accurate(rng, dist):
+  n = 10 ** 7
+  a = rng.random(n, dtype=np.float32) if dist == "uniform" else rng.standard_normal(n, dtype=np.float32)
+  ta = realized(a)
+  with fg.track() as t:
+    got = ta.sum().item()
+  assert len(t.kernels) == 2
+  ref = a.astype(np.float64).sum()
+  # a split (two-level) float32 sum stays within a few 1e-7 of sum|x|; a naive float32 loop is ~2e-5 off
+  scale = np.abs(a).astype(np.float64).sum()
+  assert abs(got - ref) <= 5e-6 * scale, (got, ref)
+
+
+def test_x_times_full_sum_is_two_kernels(rng):
+  # big enough that the sum is not fused serially into the elementwise kernel (lower.SERIAL_OK), small
+  # enough not to be split in two (tensor.SPLIT_REDUCE_MIN)
+  x = randn(rng, 128, 128)
+  tx = realized(x)
+  out, t = run(lambda: tx * tx.sum())
+  assert len(t.kernels) == 2
+  x64 = x.astype(np.float64)
+  np.testing.assert_allclose(out, x64 * x64.sum(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1])
+def test_argmax_is_one_kernel(rng, dim):
+  x = randn(rng, 24, 37)
+  tx = realized(x)
+  out, t = run(lambda: tx.argmax(dim))
+  assert len(t.kernels) == 1
+  np.testing.assert_array_equal(out, np.argmax(x, axis=dim))
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cat_of_three_is_one_kernel(rng, dim):
+  a, b, c = randn(rng, 3, 5), randn(rng, 3, 5), randn(rng, 3, 5)
+  if dim == 0: b = randn(rng, 7, 5)
+  else: c = randn(rng, 3, 2)
+  tensors = list(map(realized, (a, b, c)))
+  out, t = run(lambda: fg.cat(tensors, dim))
+  assert len(t.kernels) == 1
+  np.testing.assert_array_equal(out, np.concatenate([a, b, c], dim))
+
+
+# ---- views --------------------------------------------------------------------------------------------
+
+def test_strided_view_of_permuted_buffer_is_one_kernel_without_copy(rng):
+  x = randn(rng, 6, 8)
+  tx = realized(x)
+  y = tx.permute(1, 0).reshape(-1)[::2] + 1
+  # the schedule is one kernel that reads the original buffer itself
+  sched = create_schedule([gn.contiguous(y.node)])
+  assert [it.kind for it in sched] == ["KERNEL"]
+  assert len(sched[0].inputs) == 1 and sched[0].inputs[0] is tx.node
+  with fg.track() as t:
+    out = y.numpy()
+  assert len(t.kernels) == 1 and t.copies == 0
+  k = t.kernels[0]
+  assert k.bytes == (24 + 48) * 4          # reads the 48-element original, writes 24
+  assert "b1[gidx]" not in k.source and "b1[" in k.source   # the transpose lives in the load's index
+  np.testing.assert_array_equal(out, x.T.reshape(-1)[::2] + 1)
+
+
+def test_movement_ops_launch_nothing(rng):
+  x = randn(rng, 4, 6, 5)
+  tx = realized(x)
+  with fg.track() as t:
+    views = [tx.permute(2, 0, 1), tx.reshape(24, 5), tx.permute(2, 0, 1).reshape(-1), tx.pad((1, 2, 0, 1)),
+             tx[1:3, ::2, ::-1], tx.flip(0, 2), tx[:, None].expand(4, 3, 6, 5), tx.transpose(0, 1).reshape(6, 20),
+             tx.unsqueeze(0).squeeze(0), tx[2], tx.narrow(1, 1, 3).flip(1).permute(1, 2, 0)]
+  assert t.kernels == [] and t.copies == 0
+  assert all(not v.node.realized for v in views if v.node is not tx.node)
+  refs = [x.transpose(2, 0, 1), x.reshape(24, 5), x.transpose(2, 0, 1).reshape(-1),
+          np.pad(x, ((0, 0), (0, 1), (1, 2))), x[1:3, ::2, ::-1], x[::-1, :, ::-1],
+          np.broadcast_to(x[:, None], (4, 3, 6, 5)), x.transpose(1, 0, 2).reshape(6, 20), x, x[2],
+          x[:, 1:4][:, ::-1].transpose(1, 2, 0)]
+  for v, r in zip(views, refs):
+    with fg.track() as t:
+      out = v.numpy()
+    assert len(t.kernels) <= 1      # reading a view back is at most the one copy kernel
+    np.testing.assert_array_equal(out, r)
+
+
+def test_views_compose_into_one_kernel(rng):
+  x = randn(rng, 4, 6, 5)
+  tx = realized(x)
+  with fg.track() as t:
+    v = tx.permute(2, 0, 1).reshape(5, 24).pad((2, 1, 0, 3))[1:7, 3:20].flip(1).reshape(6, 17, 1)
+    v = v.permute(2, 1, 0).reshape(17, 6)[::-1, 1::2].pad((1, 0, 2, 2)) * 2
+  assert t.kernels == []
+  with fg.track() as t:
+    out = v.numpy()
+  assert len(t.kernels) == 1 and t.copies == 0
+  r = np.pad(x.transpose(2, 0, 1).reshape(5, 24), ((0, 3), (2, 1)))[1:7, 3:20][:, ::-1].reshape(6, 17, 1)
+  r = np.pad(r.transpose(2, 1, 0).reshape(17, 6)[::-1, 1::2], ((2, 2), (1, 0))) * 2
+  np.testing.assert_array_equal(out, r)
+
+
+# ---- laziness and hash-consing ---------------------------------------------------------------------------
+
+def test_ops_are_lazy_until_a_value_is_needed(rng):
+  a, b = randn(rng, 8, 9), randn(rng, 9)
+  ta, tb = realized(a), realized(b)
+  with fg.track() as t:
+    y = ((ta + tb).exp() * 2).sum(0).relu()
+    z = y.reshape(3, 3).permute(1, 0) @ y.reshape(3, 3)
+    s = z.max()
+    assert t.kernels == [], "building the graph launched kernels"
+    assert not y.node.realized and not z.node.realized
+    zv = z.numpy()
+    n_after_numpy = len(t.kernels)
+    assert n_after_numpy >= 1
+    sv = s.item()
+    assert len(t.kernels) > n_after_numpy
+    y.realize()
+  assert y.node.realized
+  yr = np.maximum((np.exp(a.astype(np.float64) + b) * 2).sum(0), 0)
+  zr = yr.reshape(3, 3).T @ yr.reshape(3, 3)
+  np.testing.assert_allclose(y.numpy(), yr, rtol=1e-5)
+  np.testing.assert_allclose(zv, zr, rtol=1e-5)
+  assert sv == pytest.approx(zr.max(), rel=1e-5)
+
+
+def test_realized_tensor_is_not_recomputed(rng):
+  a = randn(rng, 8, 9)
+  ta = realized(a)
+  y = (ta * 3).sin().realize()
+  with fg.track() as t:
+    v1, v2 = y.numpy(), y.numpy()
+  assert t.kernels == []
+  np.testing.assert_allclose(v1, np.sin(a * np.float32(3)), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(v1, v2)
+
+
+def test_hash_consing(rng):
+  ta, tb = realized(randn(rng, 5)), realized(randn(rng, 5))
+  assert (ta + tb).node is (ta + tb).node
+  assert ((ta + tb) * ta).exp().node is ((ta + tb) * ta).exp().node
+  assert ta.permute(0).reshape(5, 1).node is ta.reshape(5, 1).node
+  assert (ta + tb).node is not (ta - tb).node
+  # one node shared by two consumers is computed once, in one kernel
+  s = ta + tb
+  with fg.track() as t:
+    out = (s * s).numpy()
+  assert len(t.kernels) == 1
+  np.testing.assert_allclose(out, (ta.numpy() + tb.numpy()) ** 2, rtol=1e-6)
