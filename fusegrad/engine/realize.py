@@ -6,7 +6,6 @@ from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.runtime import device as rd
 from fusegrad.schedule.schedule import create_schedule
-from fusegrad.codegen.linearize import linearize, format_listing
 from fusegrad.engine import track
 
 
@@ -28,8 +27,7 @@ def realize(*nodes: Node) -> None:
           raise RuntimeError(f"device {dev.name} cannot run dtype {b.dtype.name}")
       buf = rd.Buffer(dev, out.numel, out.dtype)
       if out.numel:
-        listing = linearize(k)
-        program, src = dev.program(k, listing)
+        program, src = dev.kernel_program(k)
         handles = [buf.handle] + [i.buffer.handle for i in item.inputs]
         timed = track.wants_timing()
         t0 = time.perf_counter()
@@ -38,7 +36,7 @@ def realize(*nodes: Node) -> None:
           dev.synchronize()
           dt_s = time.perf_counter() - t0
           nbytes = sum(b.size * b.dtype.itemsize for b in k.bufs)
-          track.record(track.KernelRecord(k.name, dev.name, src if src is not None else format_listing(listing),
+          track.record(track.KernelRecord(k.name, dev.name, src,
                                           (k.global_size,), k.local_size, dt_s, k.flops, nbytes))
     out.buffer = buf
     gn.forget(out)

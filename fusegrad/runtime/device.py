@@ -79,6 +79,7 @@ class Device:
   renderer: object = None
   supported: frozenset = frozenset(dt.ALL)
   programs: dict = field(default_factory=dict)   # source -> compiled program (in-memory cache)
+  by_kernel: dict = field(default_factory=dict)  # id(Kernel) -> (Kernel, program, source)
   # freed allocations kept for reuse, by size: fresh memory costs page faults (CPU) or driver calls
   free_lists: dict = field(default_factory=dict)
   free_bytes: int = 0
@@ -102,6 +103,17 @@ class Device:
   def compile(self, name: str, source: str): raise NotImplementedError
   def launch(self, program, kernel, handles: list) -> None: raise NotImplementedError
   def synchronize(self) -> None: pass
+
+  def kernel_program(self, kernel):
+    """(program, source or listing text) for a Kernel object: linearized, rendered and compiled once."""
+    hit = self.by_kernel.get(id(kernel))
+    if hit is None or hit[0] is not kernel:
+      from fusegrad.codegen.linearize import linearize, format_listing
+      listing = linearize(kernel)
+      program, src = self.program(kernel, listing)
+      hit = self.by_kernel[id(kernel)] = (kernel, program, src if src is not None else format_listing(listing))
+      if len(self.by_kernel) > 4096: self.by_kernel.pop(next(iter(self.by_kernel)))
+    return hit[1], hit[2]
 
   def program(self, kernel, listing):
     """Render and compile a kernel, through the in-memory cache. Returns (program, source)."""

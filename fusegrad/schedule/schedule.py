@@ -6,10 +6,17 @@ need, or one the lowering refuses (codegen/lower.py says why). Everything else â
 chains, views, reductions and what follows them â€” is inlined into the kernel that consumes it.
 """
 from __future__ import annotations
-from dataclasses import dataclass, field
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
 from fusegrad.graph.node import Node
 from fusegrad.codegen.lower import lower, NeedsRealize
 from fusegrad.codegen.ir import Kernel
+
+# lowering results by the structure of the fused subgraph (not its buffers): a training loop or
+# a benchmark that rebuilds the same graph each step lowers each kernel once
+LOWER_CACHE_SIZE = 4096
+_lower_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
 
 
 @dataclass
@@ -22,6 +29,53 @@ class ScheduleItem:
 
 def _needs_kernel(n: Node) -> bool:
   return not n.realized and n.op not in ("BUFFER",)
+
+
+def _arg_key(arg):
+  return ("nan",) if isinstance(arg, float) and math.isnan(arg) else (type(arg), arg) if isinstance(arg, (bool, int, float)) else arg
+
+
+def _signature(root: Node, is_boundary) -> tuple[tuple, list[Node], list[Node]]:
+  """The fused subgraph under root as a hashable structure, its boundary inputs in walk order, and
+  the node of each entry (for mapping a cached answer back onto this graph)."""
+  index: dict[int, int] = {}
+  entries, nodes, inputs = [], [], []
+  stack = [(root, False)]
+  while stack:
+    n, done = stack.pop()
+    if done:
+      index[id(n)] = len(entries)
+      entries.append((n.op, n.dtype, n.shape, n.device, _arg_key(n.arg), tuple(index[id(s)] for s in n.src)))
+      nodes.append(n)
+      continue
+    if id(n) in index: continue
+    if n is not root and (n.realized or is_boundary(n)):
+      index[id(n)] = len(entries)
+      entries.append(("IN", n.dtype, n.shape, n.device, len(inputs)))
+      nodes.append(n)
+      inputs.append(n)
+      continue
+    stack.append((n, True))
+    for s in reversed(n.src): stack.append((s, False))
+  return tuple(entries), inputs, nodes
+
+
+def lower_cached(n: Node, is_boundary) -> tuple[Kernel, list[Node]]:
+  key, inputs, nodes = _signature(n, is_boundary)
+  hit = _lower_cache.get(key)
+  if hit is None:
+    try:
+      k, ins = lower([n], is_boundary)
+      pos = {id(x): i for i, x in enumerate(inputs)}
+      hit = ("ok", k, tuple(pos[id(x)] for x in ins))
+    except NeedsRealize as e:
+      hit = ("cut", nodes.index(e.node), e.why)
+    _lower_cache[key] = hit
+    if len(_lower_cache) > LOWER_CACHE_SIZE: _lower_cache.popitem(last=False)
+  else:
+    _lower_cache.move_to_end(key)
+  if hit[0] == "cut": raise NeedsRealize(nodes[hit[1]], hit[2])
+  return hit[1], [inputs[i] for i in hit[2]]
 
 
 def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
@@ -62,7 +116,7 @@ def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
     for n in order:
       if id(n) not in cut or n.op == "COPY" or n.numel == 0 or id(n) in lowered: continue
       try:
-        lowered[id(n)] = lower([n], is_boundary)
+        lowered[id(n)] = lower_cached(n, is_boundary)
       except NeedsRealize as e:
         cut.add(id(e.node))
         changed = True
