@@ -220,6 +220,8 @@ def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel
                for i, (g, n) in enumerate(blocked)]
     swap = {g: go for g, go, _ in blocked}
     gvars = tuple(swap.get(g, g) for g in gvars)
+    if len(blocked) == 2:   # walk row blocks fastest: neighbouring work items share a panel of columns in cache
+      gvars = gvars[:-2] + (gvars[-1], gvars[-2])
     loops = tuple(lv for _, _, lv in blocked)
   gsize = extent(gvars)
   gidx = sym.Var("gidx", 0, max(gsize - 1, 0))
