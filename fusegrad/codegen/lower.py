@@ -13,7 +13,7 @@ kernel (and a buffer) of its own; the scheduler then cuts there and tries again.
 from __future__ import annotations
 from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
-from fusegrad.graph.node import Node, reduce_identity
+from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod, contiguous_strides
 from fusegrad.codegen.ir import (Gather, Load, Const, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, toposort,
                                  dependencies, substitute)
@@ -177,7 +177,7 @@ def _reused_without(var, reduces, deps) -> bool:
   return False
 
 
-def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel, list[Node]]:
+def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   """Lower the nodes `outputs` (one shape, one device) into a Kernel; returns it and its input nodes."""
   shape = outputs[0].shape
   ovars = tuple(sym.Var(f"o{d}", 0, s - 1) if s > 1 else None for d, s in enumerate(shape))
@@ -241,7 +241,7 @@ def lower(outputs: list[Node], is_boundary, name_hint: str = "") -> tuple[Kernel
   bufs = tuple(BufferArg(n.dtype, n.numel, True) for n in outputs) + \
          tuple(BufferArg(n.dtype, n.numel, False) for n in b.inputs)
   kind = "r" if reduces else "E"
-  name = f"{kind}_{'_'.join(str(s) for s in shape) or 'scalar'}{name_hint}"
+  name = f"{kind}_{'_'.join(str(s) for s in shape) or 'scalar'}"
   k = Kernel(name, bufs, gvars, loops, stores, _estimate_flops(vals, gsize), gidx)
   return k, b.inputs
 
