@@ -11,6 +11,7 @@ import subprocess
 import sys
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,16 +41,7 @@ def np_expected() -> list:
   return [o.ravel() for o in outs]
 
 
-def _has_opencl() -> bool:
-  try:
-    from fusegrad.runtime import device as rd
-    rd.get("OPENCL")
-    return True
-  except Exception:
-    return False
-
-
-CACHE_DEVICES = ["CPU"] + (["OPENCL"] if _has_opencl() else [])
+CACHE_DEVICES = [d for d in DEVICES if d != "PYTHON"]
 
 
 def run_child(cache_dir, device: str, **extra_env) -> dict:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import fusegrad as fg
+from conftest import DEVICES
 from fusegrad import config, dtype as dt
 from fusegrad.runtime import cpu, device as rd
 
@@ -123,15 +124,7 @@ def test_canonical_device_names_accepted():
 
 # ---- dtypes a device cannot run ----------------------------------------------------------------------
 
-def _has_opencl() -> bool:
-  try:
-    rd.get("OPENCL")
-    return True
-  except Exception:
-    return False
-
-
-DTYPE_DEVICES = ["PYTHON"] + (["OPENCL"] if _has_opencl() else [])
+DTYPE_DEVICES = [d for d in DEVICES if d != "CPU"]
 
 
 @pytest.fixture(params=DTYPE_DEVICES)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import Phase, event, given, note, settings, strategies as st
 import fusegrad as fg
+from conftest import DEVICES
 from fusegrad import config
 
 EXAMPLES = config.FUZZ_EXAMPLES or 40
@@ -29,16 +30,6 @@ MAX_NDIM = 6
 MAX_OPS = 8
 
 
-def _has_opencl() -> bool:
-  try:
-    from fusegrad.runtime import device as rd
-    rd.get("OPENCL")
-    return True
-  except Exception:
-    return False
-
-
-DEVICES = ["CPU", "PYTHON"] + (["OPENCL"] if _has_opencl() else [])
 
 
 @dataclass
