@@ -43,6 +43,11 @@ def _norm_dims(dims, ndim: int) -> tuple:
   return out if ndim > 0 else ()
 
 
+def _all_if_empty(dim):
+  """sum, mean, var and std read an empty dim list as every dim, as PyTorch does (any and all do not)"""
+  return None if isinstance(dim, (tuple, list)) and len(dim) == 0 else dim
+
+
 def _shape_arg(shape) -> tuple:
   if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
   out = []
@@ -342,9 +347,7 @@ class Tensor:
     return self._alu("OR" if d.is_bool else "ADD", other)
   def sub(self, other, alpha=None):
     if alpha is not None: other = other * alpha
-    d = _result_type(self, other)
-    if d.is_bool: raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
-                                     "Use the `^` or `logical_xor()` operator instead.")
+    _check_sub(self, other)
     return self._alu("SUB", other)
   def mul(self, other):
     d = _result_type(self, other)
@@ -478,7 +481,9 @@ class Tensor:
   __lshift__ = bitwise_left_shift
   __rshift__ = bitwise_right_shift
   def __radd__(self, o): return _rev(o, self).add(self)
-  def __rsub__(self, o): return _rev(o, self).sub(self)
+  def __rsub__(self, o):
+    _check_sub(self, o)
+    return _rev(o, self).sub(self)
   def __rmul__(self, o): return _rev(o, self).mul(self)
   def __rtruediv__(self, o):   # the scalar joins in the float dtype: -3 / uint8 is not 253 / uint8
     return (o if isinstance(o, Tensor) else self._operand(o, self._float_dtype(o))).div(self)
@@ -567,6 +572,7 @@ class Tensor:
     return total.reshape(tuple(1 if i in axes else s for i, s in enumerate(self.shape)))
 
   def sum(self, dim=None, keepdim: bool = False, dtype=None):
+    dim = _all_if_empty(dim)
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else \
         self._cast(dt.int64) if (self.dtype.is_int or self.dtype.is_bool) else self
     return x._reduce("SUM", dim, keepdim)
@@ -596,6 +602,7 @@ class Tensor:
     self._check_nonempty("amin", dim)
     return self._reduce("MIN", dim if dim != () else None, keepdim)
   def mean(self, dim=None, keepdim: bool = False, dtype=None):
+    dim = _all_if_empty(dim)
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self
     if not x.dtype.is_float:
       raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either a floating point or "
@@ -605,7 +612,7 @@ class Tensor:
     return x.sum(dim, keepdim) / n if n else x.sum(dim, keepdim) * float("nan")
   def var(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
     if correction is None: correction = 1 if unbiased is None or unbiased else 0
-    axes = _norm_dims(dim, self.ndim)
+    axes = _norm_dims(_all_if_empty(dim), self.ndim)
     n = prod(self.shape[a] for a in axes)
     x = self._cast(self._float_dtype())
     d = x - x.mean(axes, keepdim=True)
@@ -873,6 +880,13 @@ def _rev(o, like: Tensor) -> Tensor:
   """A reflected operand as a tensor of the promoted dtype (for 2 - x and friends)."""
   if isinstance(o, Tensor): return o
   return like._operand(o, _result_type(like, o))
+
+
+def _check_sub(a, b) -> None:
+  """PyTorch refuses subtraction with a bool on either side, whatever the other operand is."""
+  if any(isinstance(x, (bool, np.bool_)) or isinstance(x, Tensor) and x.dtype.is_bool for x in (a, b)):
+    raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to "
+                       "invert a mask, use the `~` or `logical_not()` operator instead.")
 
 
 def _as_bool(o, like: Tensor) -> Tensor:

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 import fusegrad as fg
+from conftest import DEVICES
 
 FLOATS = ["float32", "float16", "bfloat16", "float64"]
 INTS = ["int8", "int16", "int32", "int64", "uint8"]
 ALL = FLOATS + INTS + ["bool"]
-HALF = ("float16", "bfloat16")
 # (rtol, atol) per result dtype; transcendental ops scale them with `loose`
 TOL = {"float32": (1e-5, 1e-6), "float64": (1e-10, 1e-12), "float16": (1e-3, 1e-3), "bfloat16": (1e-2, 1e-2)}
 BIG = (1 << 18) + 3    # CPU threading / split reduce; odd on purpose
@@ -62,6 +62,11 @@ def rand_pair(rng, shape, dtype, device, lo=-3.0, hi=3.0):
   return both(data(rng, shape, dtype, lo, hi), dtype, device)
 
 
+def lib_dtype(t, name: str):
+  """the dtype object called `name` in the library that t belongs to"""
+  return getattr(torch if isinstance(t, torch.Tensor) else fg, name)
+
+
 def upcast(t):
   return t.float() if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16) else t
 
@@ -81,18 +86,61 @@ def to_np(t) -> np.ndarray:
   return (t.float() if t.dtype == fg.bfloat16 else t).numpy()
 
 
-def check(out, want, loose: float = 1.0, rtol=None, atol=None):
-  """dtype, shape and values of a fusegrad result against a torch result."""
-  assert isinstance(out, fg.Tensor), f"expected a fusegrad Tensor, got {type(out).__name__}"
-  assert out.dtype.name == tname(want.dtype), f"dtype {out.dtype.name}, torch gives {tname(want.dtype)}"
-  assert out.shape == tuple(want.shape), f"shape {out.shape}, torch gives {tuple(want.shape)}"
-  got, exp = to_np(out), to_np(want)
+def check_meta(out, want, label: str = "") -> None:
+  assert isinstance(out, fg.Tensor), f"{label}: expected a fusegrad Tensor, got {type(out).__name__}"
+  assert out.dtype.name == tname(want.dtype), f"{label}: dtype {out.dtype.name}, torch gives {tname(want.dtype)}"
+  assert out.shape == tuple(want.shape), f"{label}: shape {out.shape}, torch gives {tuple(want.shape)}"
+
+
+def check_values(got: np.ndarray, want, label: str = "", loose: float = 1.0, rtol=None, atol=None) -> None:
+  """rtol replaces the dtype's; atol only ever widens it (see l1_atol)"""
+  exp = to_np(want)
   if want.dtype.is_floating_point:
     r, a = TOL[tname(want.dtype)]
     np.testing.assert_allclose(got, exp, rtol=rtol if rtol is not None else r * loose,
-                               atol=atol if atol is not None else a * loose, equal_nan=True)
+                               atol=max(a * loose, atol or 0.0), equal_nan=True, err_msg=label)
   else:
-    np.testing.assert_array_equal(got, exp)
+    np.testing.assert_array_equal(got, exp, err_msg=label)
+
+
+def check(out, want, loose: float = 1.0, rtol=None, atol=None, label: str = ""):
+  """dtype, shape and values of a fusegrad result against a torch result."""
+  check_meta(out, want, label)
+  check_values(to_np(out), want, label, loose, rtol, atol)
+
+
+class together:
+  """`with together() as chk: chk(out, want, label)` checks dtypes and shapes at once and the values of all
+  results of one shape from a single stacked (float64) kernel: many small checks, few compiled kernels."""
+  def __enter__(self):
+    self.items = []
+    return self
+
+  def __call__(self, out, want, label: str = "", **kw):
+    check_meta(out, want, label)
+    self.items.append((out, want, label, kw))
+
+  def __exit__(self, exc_type, *_):
+    if exc_type is not None: return
+    errors = []
+    for shape in dict.fromkeys(o.shape for o, *_ in self.items):
+      group = [it for it in self.items if it[0].shape == shape]
+      got = fg.stack([o.double() for o, *_ in group]).numpy()
+      for g, (_, want, label, kw) in zip(got, group):
+        try:
+          check_values(g, want, label, **kw)
+        except AssertionError as e:
+          errors.append(str(e))
+    assert not errors, f"{len(errors)} of {len(self.items)} results differ:\n" + "\n".join(errors)
+
+
+def l1_atol(fn, *targs, ulps: float = 4) -> float:
+  """Absolute tolerance for sums whose terms may cancel (sum, mean, cumsum, matmul, einsum): a few ulps of the
+  magnitude the same op reaches on |inputs| -- the classic bound on rounding errors in summation."""
+  out = fn(*targs)
+  if not out.dtype.is_floating_point or out.numel() == 0: return 0.0
+  mag = fn(*[t.double().abs() if isinstance(t, torch.Tensor) else t for t in targs]).abs().max().item()
+  return ulps * torch.finfo(out.dtype).eps * mag
 
 
 def check_all(outs, wants, **kw):
@@ -259,9 +307,10 @@ def cast_source(rng, src: str, dst: str) -> np.ndarray:
 
 @pytest.mark.parametrize("src", ALL)
 def test_casts(device, rng, src):
-  for dst in ALL:
-    x, tx = both(cast_source(rng, src, dst), src, device)
-    check(x.to(getattr(fg, dst)), tx.to(getattr(torch, dst)))
+  with together() as chk:
+    for dst in ALL:
+      x, tx = both(cast_source(rng, src, dst), src, device)
+      chk(x.to(getattr(fg, dst)), tx.to(getattr(torch, dst)), f"{src} -> {dst}")
 
 
 def test_cast_methods(device, rng):
@@ -310,13 +359,14 @@ def test_promotion_tensor_scalar(a, scalar):
 def test_promotion_values(device, rng, dtype):
   """mixed dtypes compute in the promoted dtype (values, not only the dtype name)"""
   x, tx = rand_pair(rng, (3, 4), dtype, device, -20, 20)
-  for other in ("float32", "float64", "int64", "int16", "uint8", "bool", "bfloat16"):
-    y, ty = rand_pair(rng, (4,), other, device, 1, 9)
-    check(x + y, ref(lambda a, b: a + b, tx, ty))
-    check(x * y[1:2].reshape(()), ref(lambda a, b: a * b, tx, ty[1:2].reshape(())))
-  check(x + 2, ref(lambda a: a + 2, tx))
-  check(x * 1.5, ref(lambda a: a * 1.5, tx))
-  check(x / 4, ref(lambda a: a / 4, tx))
+  with together() as chk:
+    for other in ("float64", "int16", "uint8", "bool", "bfloat16"):
+      y, ty = rand_pair(rng, (4,), other, device, 1, 9)
+      chk(x + y, ref(lambda a, b: a + b, tx, ty), f"{dtype} + {other}")
+      chk(x * y[1:2].reshape(()), ref(lambda a, b: a * b, tx, ty[1:2].reshape(())), f"{dtype} * 0-d {other}")
+    chk(x + 2, ref(lambda a: a + 2, tx), "+ 2")
+    chk(x * 1.5, ref(lambda a: a * 1.5, tx), "* 1.5")
+    chk(x / 4, ref(lambda a: a / 4, tx), "/ 4")
 
 
 # ================================================================================================================
@@ -347,6 +397,8 @@ UNARY = {
   "trunc": (_fn("trunc"), 1, (-5, 5)), "isnan": (_fn("isnan"), 1, (-3, 3)), "isinf": (_fn("isinf"), 1, (-3, 3)),
   "logical_not": (_fn("logical_not"), 1, (-2, 2)), "square": (_fn("square"), 1, (-3, 3)),
 }
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("op", UNARY)
 def test_unary_float(device, rng, op, dtype):
@@ -360,14 +412,13 @@ def test_unary_float(device, rng, op, dtype):
 
 INT_UNARY = ["neg", "abs", "sign", "bitwise_not", "logical_not", "isnan", "isinf", "floor", "ceil", "round", "trunc",
              "relu", "exp", "sqrt", "sin", "sigmoid", "reciprocal", "square"]
-# torch has no bool kernel for these (NotImplementedError): nothing to compare with
-NO_BOOL_IN_TORCH = {"abs", "floor", "ceil", "round", "trunc"}
+# torch has no bool kernel for abs/floor/ceil/round/trunc (NotImplementedError): nothing to compare with
+INT_UNARY_CASES = [(op, d) for op in INT_UNARY for d in ("int8", "int32", "int64", "uint8", "bool")
+                   if not (d == "bool" and op in ("abs", "floor", "ceil", "round", "trunc"))]
 
 
-@pytest.mark.parametrize("dtype", INTS + ["bool"])
-@pytest.mark.parametrize("op", INT_UNARY)
+@pytest.mark.parametrize("op,dtype", INT_UNARY_CASES)
 def test_unary_int(device, rng, op, dtype):
-  if dtype == "bool" and op in NO_BOOL_IN_TORCH: return
   lo, hi = (0, 9) if op == "sqrt" else (-9, 9)
   x, tx = rand_pair(rng, (3, 4), dtype, device, lo, hi)
   fn = _fn(op)
@@ -380,13 +431,14 @@ def test_unary_int(device, rng, op, dtype):
 
 def test_unary_module_functions(device, rng):
   x, tx = rand_pair(rng, (3, 4), "float32", device, 0.1, 3)
-  for name in ("exp", "log", "sqrt", "abs", "sigmoid", "tanh", "floor", "neg"):
-    check(getattr(fg, name)(x), getattr(torch, name)(tx), loose=2)
-  check(-x, -tx)
-  check(abs(x - 1), abs(tx - 1))
   xi, txi = rand_pair(rng, (3, 4), "int32", device, -50, 50)
-  check(~xi, ~txi)
-  check(~(xi > 0), ~(txi > 0))
+  with together() as chk:
+    for name in ("exp", "log", "sqrt", "abs", "sigmoid", "tanh", "floor", "neg"):
+      chk(getattr(fg, name)(x), getattr(torch, name)(tx), name, loose=2)
+    chk(-x, -tx, "-x")
+    chk(abs(x - 1), abs(tx - 1), "abs()")
+    chk(~xi, ~txi, "~int")
+    chk(~(xi > 0), ~(txi > 0), "~bool")
 
 
 # ================================================================================================================
@@ -448,7 +500,8 @@ def test_binary(device, rng, op, dtype):
   a, b = binary_inputs(rng, op, dtype)
   (x, tx), (y, ty) = both(a, dtype, device), both(b, dtype, device)
   check(fn(x, y), ref(fn, tx, ty))
-  check(fn(y, x[0]), ref(fn, ty, tx[0])) if BINARY[op][3] is None else None
+  if BINARY[op][3] is None and dtype in ("float32", "int32", "bool"):   # operands swapped, lhs a sliced view
+    check(fn(y, x[0]), ref(fn, ty, tx[0]))
 
 
 SHAPE_PAIRS = [((4, 5), (4, 5)), ((4, 1), (1, 5)), ((2, 3, 4), (4,)), ((), (3, 4)), ((3, 4), ()), ((1,), (2, 3)),
@@ -469,40 +522,38 @@ def test_broadcast_errors(device, rng):
   with pytest.raises(RuntimeError): fg.ones(2, device=device) * fg.ones(3, device=device)
 
 
-SCALARS = [2, -3, 2.5, True, -0.5]
+SCALARS = [2, -3, 2.5, True]
+SCALAR_OPS = {"add": lambda a, s: a + s, "rmul": lambda a, s: s * a, "sub": lambda a, s: a - s, "rsub": lambda a, s: s - a,
+              "div": lambda a, s: a / s, "rdiv": lambda a, s: s / a, "lt": lambda a, s: a < s, "rgt": lambda a, s: s > a,
+              "eq": lambda a, s: a == s}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "int64", "uint8", "int8", "bool"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "uint8", "bool"])
 def test_scalar_operands(device, rng, dtype):
+  """python scalars on either side: promotion by category, values in the promoted dtype"""
   x, tx = rand_pair(rng, (3, 4), dtype, device, 1, 9)
-  for s in SCALARS:
-    for name, fn in (("add", lambda a, s: a + s), ("radd", lambda a, s: s + a), ("mul", lambda a, s: a * s),
-                     ("rmul", lambda a, s: s * a), ("div", lambda a, s: a / s), ("rdiv", lambda a, s: s / a),
-                     ("max", lambda a, s: a.maximum(torch.tensor(s)) if isinstance(a, torch.Tensor) else a.maximum(s)),
-                     ("lt", lambda a, s: a < s), ("rgt", lambda a, s: s > a), ("eq", lambda a, s: a == s),
-                     ("ge", lambda a, s: a >= s)):
-      if name == "max": continue   # torch.maximum takes no Python scalars; covered by clamp below
-      try:
-        want = ref(lambda a: fn(a, s), tx)
-      except RuntimeError:
-        with pytest.raises(RuntimeError): fn(x, s)
-        continue
-      check(fn(x, s), want)
-    if dtype != "bool" and s is not True:
-      for fn in (lambda a, s: a - s, lambda a, s: s - a):
-        check(fn(x, s), ref(lambda a: fn(a, s), tx))
+  with together() as chk:
+    for s in SCALARS:
+      for name, fn in SCALAR_OPS.items():
+        try:
+          want = ref(lambda a: fn(a, s), tx)
+        except RuntimeError:     # a bool in a subtraction: torch refuses, so must fusegrad
+          with pytest.raises(RuntimeError): fn(x, s)
+          continue
+        chk(fn(x, s), want, f"{name} {s!r}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int64", "int8"])
 def test_reflected_operators(device, rng, dtype):
   x, tx = rand_pair(rng, (3, 4), dtype, device, 1, 4)
-  for fn in (lambda a: 7 - a, lambda a: 7 / a, lambda a: 2 ** a, lambda a: 7 // a, lambda a: -7 // a, lambda a: 7 % a,
-             lambda a: -7 % a, lambda a: 1.5 ** a, lambda a: 2.5 - a, lambda a: 10.0 // a):
-    check(fn(x), ref(fn, tx), loose=2)
+  ops = {"7-": lambda a: 7 - a, "7/": lambda a: 7 / a, "2**": lambda a: 2 ** a, "7//": lambda a: 7 // a,
+         "-7//": lambda a: -7 // a, "7%": lambda a: 7 % a, "-7%": lambda a: -7 % a, "1.5**": lambda a: 1.5 ** a,
+         "2.5-": lambda a: 2.5 - a, "10.0//": lambda a: 10.0 // a, "np.float32*": lambda a: np.float32(2.0) * a}
   if dtype in INTS:
-    for fn in (lambda a: 5 & a, lambda a: 6 | a, lambda a: 3 ^ a, lambda a: 1 << a, lambda a: 64 >> a):
-      check(fn(x), fn(tx))
-  check(np.float32(2.0) * x, ref(lambda a: np.float32(2.0) * a, tx))
+    ops.update({"5&": lambda a: 5 & a, "6|": lambda a: 6 | a, "3^": lambda a: 3 ^ a, "1<<": lambda a: 1 << a,
+                "64>>": lambda a: 64 >> a})
+  with together() as chk:
+    for name, fn in ops.items(): chk(fn(x), ref(fn, tx), name, loose=2)
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int64", "int8", "float32"])
@@ -511,10 +562,12 @@ def test_floor_division_negatives(device, dtype):
   a = np.array([[v] for v in vals], dtype=dtype)
   b = np.array([[-3, -2, 2, 3]], dtype=dtype)
   (x, tx), (y, ty) = both(a, dtype, device), both(b, dtype, device)
-  for fn in (lambda p, q: p // q, lambda p, q: p % q, lambda p, q: p.div(q, rounding_mode="floor"),
-             lambda p, q: p.div(q, rounding_mode="trunc"), lambda p, q: p.remainder(q), lambda p, q: p.fmod(q),
-             lambda p, q: p // -2, lambda p, q: p % -2, lambda p, q: p % 3):
-    check(fn(x, y), fn(tx, ty))
+  ops = {"//": lambda p, q: p // q, "%": lambda p, q: p % q, "floor": lambda p, q: p.div(q, rounding_mode="floor"),
+         "trunc": lambda p, q: p.div(q, rounding_mode="trunc"), "remainder": lambda p, q: p.remainder(q),
+         "fmod": lambda p, q: p.fmod(q), "// -2": lambda p, q: p // -2, "% -2": lambda p, q: p % -2,
+         "% 3": lambda p, q: p % 3}
+  with together() as chk:
+    for name, fn in ops.items(): chk(fn(x, y), fn(tx, ty), name)
 
 
 def test_float_division_specials(device, rng):
@@ -522,26 +575,25 @@ def test_float_division_specials(device, rng):
   b = data(rng, (3, 4), "float32", -5, 5)
   b.reshape(-1)[3:7] = [0.0, -0.0, math.inf, math.nan]
   (x, tx), (y, ty) = both(a, "float32", device), both(b, "float32", device)
-  for fn in (lambda p, q: p / q, lambda p, q: p.maximum(q), lambda p, q: p.minimum(q), lambda p, q: p * q,
-             lambda p, q: p < q, lambda p, q: p == q, lambda p, q: p != q):
-    check(fn(x, y), fn(tx, ty))
-  with np.errstate(all="ignore"):
-    check(x % 1.5, tx % 1.5)
-    check(x // 1.5, tx // 1.5)
+  ops = {"/": lambda p, q: p / q, "maximum": lambda p, q: p.maximum(q), "minimum": lambda p, q: p.minimum(q),
+         "*": lambda p, q: p * q, "<": lambda p, q: p < q, "==": lambda p, q: p == q, "!=": lambda p, q: p != q,
+         "% 1.5": lambda p, q: p % 1.5, "// 1.5": lambda p, q: p // 1.5, "//": lambda p, q: p // q.abs().clamp(min=1)}
+  with together() as chk:
+    for name, fn in ops.items(): chk(fn(x, y), fn(tx, ty), name)
 
 
 def test_pow_scalars(device, rng):
-  x, tx = rand_pair(rng, (3, 5), "float32", device, 0.1, 4)
-  for e in (2, 3, 0.5, -1, -2, 2.5, 0, 1):
-    check(x ** e, tx ** e, loose=4)
-    check(x.pow(e), tx.pow(e), loose=4)
-  n, tn = rand_pair(rng, (3, 5), "float32", device, -4, 4)
-  for e in (2, 3, -1, 1.5):
-    check(n ** e, tn ** e, loose=4)    # negative base: nan for non-integer powers
-  i, ti = rand_pair(rng, (3, 5), "int64", device, -5, 5)
-  for e in (2, 3, 0, 1):
-    check(i ** e, ti ** e)
-  check(i ** 0.5, ti ** 0.5, loose=4)
+  (x, tx), (n, tn), (i, ti) = (rand_pair(rng, (3, 5), d, device, lo, hi)
+                               for d, lo, hi in (("float32", 0.1, 4), ("float32", -4, 4), ("int64", -5, 5)))
+  with together() as chk:
+    for e in (2, 3, 0.5, -1, -2, 2.5, 0, 1):
+      chk(x ** e, tx ** e, f"** {e}", loose=4)
+      chk(x.pow(e), tx.pow(e), f"pow({e})", loose=4)
+    for e in (2, 3, -1, 1.5):
+      chk(n ** e, tn ** e, f"negative base ** {e}", loose=4)    # nan for non-integer powers
+    for e in (2, 3, 0, 1):
+      chk(i ** e, ti ** e, f"int64 ** {e}")
+    chk(i ** 0.5, ti ** 0.5, "int64 ** 0.5", loose=4)
 
 
 def test_integer_wraparound(device, rng):
@@ -599,10 +651,11 @@ def test_lerp(device, rng, dtype):
 
 def test_binary_module_functions(device, rng):
   (x, tx), (y, ty) = rand_pair(rng, (3, 4), "float32", device), rand_pair(rng, (4,), "float32", device, 0.5, 3)
-  for name in ("add", "sub", "mul", "div", "maximum", "minimum", "eq", "lt", "ge", "logical_and", "remainder"):
-    check(getattr(fg, name)(x, y), getattr(torch, name)(tx, ty))
-  check(x.add(y, alpha=2), tx.add(ty, alpha=2))
-  check(x.sub(y, alpha=0.5), tx.sub(ty, alpha=0.5))
+  with together() as chk:
+    for name in ("add", "sub", "mul", "div", "maximum", "minimum", "eq", "lt", "ge", "logical_and", "remainder"):
+      chk(getattr(fg, name)(x, y), getattr(torch, name)(tx, ty), name)
+    chk(x.add(y, alpha=2), tx.add(ty, alpha=2), "add alpha")
+    chk(x.sub(y, alpha=0.5), tx.sub(ty, alpha=0.5), "sub alpha")
   check(fg.pow(y, 2.0), torch.pow(ty, 2.0))
 
 
@@ -618,15 +671,15 @@ def _red(name, **kw):
   return f
 
 
-DIMS = [None, 0, 1, -1, (0, 2), (-1, -2), (0, 1, 2), ()]
+DIMS = [None, 0, 1, -1, (0, 2), (-1, -2), (0, 1, 2), ()]   # () is every dim for sum/mean/var/std/amax/amin
 INT_DIMS = [None, 0, 1, -1]
 REDUCE = {   # name: (fn, dims it accepts, loose)
-  "sum": (_red("sum"), DIMS[:-1], 1), "prod": (_red("prod"), INT_DIMS, 2), "mean": (_red("mean"), DIMS[:-1], 1),
+  "sum": (_red("sum"), DIMS, 1), "prod": (_red("prod"), INT_DIMS, 2), "mean": (_red("mean"), DIMS, 1),
   "amax": (_red("amax"), DIMS, 1), "amin": (_red("amin"), DIMS, 1),
   "max": (_red("max"), INT_DIMS, 1), "min": (_red("min"), INT_DIMS, 1),
-  "var": (_red("var"), DIMS[:-1], 2), "var_c0": (_red("var", correction=0), DIMS[:-1], 2),
+  "var": (_red("var"), DIMS, 2), "var_c0": (_red("var", correction=0), DIMS[:-1], 2),
   "var_c2": (_red("var", correction=2), [1, (0, 2)], 2), "var_unbiased": (_red("var", unbiased=False), [0, None], 2),
-  "std": (_red("std"), DIMS[:-1], 2), "std_c0": (_red("std", correction=0), [None, 1, (0, 2)], 2),
+  "std": (_red("std"), DIMS, 2), "std_c0": (_red("std", correction=0), [None, 1, (0, 2)], 2),
   "argmax": (_red("argmax"), INT_DIMS, 1), "argmin": (_red("argmin"), INT_DIMS, 1),
   "any": (_red("any"), INT_DIMS + [(0, 2)], 1), "all": (_red("all"), INT_DIMS + [(0, 2)], 1),
   "logsumexp": (lambda t, d, k: t.logsumexp(d, keepdim=k), [0, 1, -1, (0, 2), (0, 1, 2)], 2),
@@ -649,25 +702,30 @@ def test_reduce(device, rng, op, dim, keepdim):
     check(i, want.indices)
     check(out.values, want[0])
   else:
-    check(out, want, loose=loose)
+    atol = l1_atol(lambda t: fn(t, dim, keepdim), tx) if op in ("sum", "mean") else None
+    check(out, want, loose=loose, atol=atol)
 
 
 RED_DTYPE_OPS = {
   "sum": lambda t: t.sum(1), "sum_all": lambda t: t.sum(), "prod": lambda t: t.prod(0), "max": lambda t: t.max(1).values,
   "min_all": lambda t: t.min(), "argmax": lambda t: t.argmax(1), "argmin_all": lambda t: t.argmin(),
   "any": lambda t: t.any(0), "all": lambda t: t.all(1), "amax": lambda t: t.amax((0, 1)), "cumsum": lambda t: t.cumsum(1),
-  "sum_dtype": lambda t: t.sum(0, dtype=torch.float64 if isinstance(t, torch.Tensor) else fg.float64),
+  "sum_dtype": lambda t: t.sum(0, dtype=lib_dtype(t, "float64")),
 }
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int32", "int8", "uint8", "int64", "bool"])
-@pytest.mark.parametrize("op", RED_DTYPE_OPS)
+# torch refuses argmax/argmin of bool
+RED_DTYPE_CASES = [(op, d) for op in RED_DTYPE_OPS for d in ("float16", "bfloat16", "float64", "int32", "int8", "uint8",
+                                                             "int64", "bool") if not (d == "bool" and op.startswith("arg"))]
+
+
+@pytest.mark.parametrize("op,dtype", RED_DTYPE_CASES)
 def test_reduce_dtypes(device, rng, op, dtype):
   fn = RED_DTYPE_OPS[op]
-  if dtype == "bool" and op.startswith("arg"): return   # torch refuses argmax/argmin of bool
   x, tx = rand_pair(rng, (4, 6), dtype, device, -3, 3)   # small ints: ties for argmax/argmin (first index wins)
   loose = 4 if op in ("sum", "sum_all", "cumsum", "prod") else 1
-  check(fn(x), ref(fn, tx), loose=loose)
+  atol = l1_atol(lambda t: ref(fn, t), tx) if op in ("sum", "sum_all", "cumsum", "sum_dtype") else None
+  check(fn(x), ref(fn, tx), loose=loose, atol=atol)
 
 
 def test_reduce_float_ties_and_nan(device):
@@ -682,7 +740,7 @@ def test_reduce_float_ties_and_nan(device):
 @pytest.mark.parametrize("dtype", ["float32", "int32", "bool", "float16"])
 def test_cumsum(device, rng, dim, dtype):
   x, tx = rand_pair(rng, (3, 4, 5), dtype, device)
-  check(x.cumsum(dim), ref(lambda t: t.cumsum(dim), tx), loose=2)
+  check(x.cumsum(dim), ref(lambda t: t.cumsum(dim), tx), loose=2, atol=l1_atol(lambda t: ref(lambda u: u.cumsum(dim), t), tx))
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
@@ -692,7 +750,7 @@ def test_softmax(device, rng, op, dim, dtype):
   a = data(rng, (3, 4, 5), dtype, -10, 10)
   x, tx = both(a, dtype, device)
   check(getattr(x, op)(dim), ref(lambda t: getattr(t, op)(dim), tx), loose=4)
-  check(getattr(x, op)(dim, dtype=fg.float64), getattr(tx, op)(dim, dtype=torch.float64), rtol=1e-6, atol=1e-6)
+  check(getattr(x, op)(dim, dtype=fg.float64), getattr(tx, op)(dim, dtype=torch.float64), loose=100)
 
 
 def test_softmax_extremes(device):
@@ -707,8 +765,7 @@ def test_softmax_extremes(device):
 def test_reduce_int_promotion(device, rng):
   x, tx = rand_pair(rng, (4, 6), "int32", device, -100, 100)
   for fn in (lambda t: t.sum(), lambda t: t.prod(1), lambda t: t.cumsum(0), lambda t: t.float().mean(0),
-             lambda t: t.sum(1, keepdim=True), lambda t: t.double().var(1), lambda t: t.sum(dtype=torch.int32
-                                                                                               if isinstance(t, torch.Tensor) else fg.int32)):
+             lambda t: t.sum(1, keepdim=True), lambda t: t.double().var(1), lambda t: t.sum(dtype=lib_dtype(t, "int32"))):
     check(fn(x), fn(tx))
   with pytest.raises(RuntimeError): x.mean()
 
@@ -774,8 +831,7 @@ def test_movement_dtypes(device, rng, op, dtype):
   x, tx = rand_pair(rng, (2, 3, 4), dtype, device)
   f = MOVE[op]
   if op == "pad_value": f = lambda L, t: pad(L, t, (1, 1, 1, 1, 1, 1), value=1)
-  if op in ("stack", "cat_mid") and dtype == "bool": f = {"stack": lambda L, t: L.stack([t, ~t]),
-                                                           "cat_mid": lambda L, t: L.cat((t[:, :1], t), dim=1)}[op]
+  if op == "stack" and dtype == "bool": f = lambda L, t: L.stack([t, ~t])
   check(f(fg, x), f(torch, tx))
 
 
@@ -888,14 +944,15 @@ MATMUL_SHAPES = [((3, 4), (4, 5)), ((4,), (4,)), ((4,), (4, 5)), ((3, 4), (4,)),
 @pytest.mark.parametrize("sa,sb", MATMUL_SHAPES, ids=str)
 def test_matmul(device, rng, sa, sb):
   (x, tx), (y, ty) = rand_pair(rng, sa, "float32", device), rand_pair(rng, sb, "float32", device)
-  check(x @ y, tx @ ty, loose=2)
-  check(fg.matmul(x, y), torch.matmul(tx, ty), loose=2)
+  atol = l1_atol(lambda a, b: a @ b, tx, ty)
+  check(x @ y, tx @ ty, atol=atol)
+  check(fg.matmul(x, y), torch.matmul(tx, ty), atol=atol)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int32", "int64", "uint8"])
 def test_matmul_dtypes(device, rng, dtype):
   (x, tx), (y, ty) = rand_pair(rng, (2, 3, 6), dtype, device, 0, 4), rand_pair(rng, (6, 5), dtype, device, -2, 4)
-  check(x @ y, ref(lambda a, b: a @ b, tx, ty), loose=4)
+  check(x @ y, ref(lambda a, b: a @ b, tx, ty), loose=4, atol=l1_atol(lambda a, b: ref(lambda p, q: p @ q, a, b), tx, ty))
 
 
 def test_matmul_others(device, rng):
@@ -920,9 +977,10 @@ EINSUM = [("ij,jk->ik", [(3, 4), (4, 5)]), ("ij,jk", [(3, 4), (4, 5)]), ("ij->ji
 
 @pytest.mark.parametrize("eq,shapes", EINSUM, ids=[e for e, _ in EINSUM])
 def test_einsum(device, rng, eq, shapes):
-  pairs = [rand_pair(rng, s, "float32", device) for s in shapes]
-  check(fg.einsum(eq, *[p[0] for p in pairs]), torch.einsum(eq, *[p[1] for p in pairs]), loose=2)
-  check(fg.einsum(eq, [p[0] for p in pairs]), torch.einsum(eq, [p[1] for p in pairs]), loose=2)
+  xs, txs = zip(*[rand_pair(rng, s, "float32", device) for s in shapes])
+  atol = l1_atol(lambda *ts: torch.einsum(eq, *ts), *txs)
+  check(fg.einsum(eq, *xs), torch.einsum(eq, *txs), atol=atol)
+  check(fg.einsum(eq, list(xs)), torch.einsum(eq, list(txs)), atol=atol)
 
 
 # ================================================================================================================
@@ -966,12 +1024,8 @@ def test_item_and_scalars(device, rng):
 def test_to_device(device, rng):
   a = data(rng, (3, 4), "float32").astype(np.float32)
   x = fg.tensor(a, device=device)
-  for other in ("CPU", "PYTHON", "OPENCL"):
-    try:
-      y = x.to(other)
-    except RuntimeError as e:     # only a device this machine lacks may refuse
-      assert "OPENCL" in str(e) and other == "OPENCL"
-      continue
+  for other in DEVICES:
+    y = x.to(other)
     assert y.device == other and y.dtype == fg.float32
     back = (y.exp() + 1).to(device)
     np.testing.assert_allclose(back.numpy(), np.exp(a) + 1, rtol=2e-5)
@@ -986,10 +1040,18 @@ def test_to_device(device, rng):
     x + fg.ones(3, 4, device="PYTHON" if device != "PYTHON" else "CPU")
 
 
-@pytest.mark.xfail(strict=True, reason="schedule.py: a realized COPY/GATHER node (sources forgotten) in a later graph "
-                                       "raises IndexError in create_schedule (n.src[0] of an empty tuple)")
+@pytest.mark.parametrize("view", ["slice", "transpose"])
+def test_movement_of_realized_view(device, rng, view):
+  """numpy() realizes a view in place; moving it afterwards must start from its buffer"""
+  x, tx = rand_pair(rng, (2, 3), "float32", device)
+  y, ty = (x[:, 1:], tx[:, 1:]) if view == "slice" else (x.T, tx.T)
+  check(y, ty)
+  check(y.reshape(-1), ty.reshape(-1))
+
+
 @pytest.mark.parametrize("kind", ["copy", "gather"])
 def test_reuse_realized_copy_or_gather(device, rng, kind):
+  """a realized copy or gather feeds later graphs (their sources are forgotten once realized)"""
   a = data(rng, (5,), "float32").astype(np.float32)
   x = fg.tensor(a, device=device)
   y = x.to("CPU" if device != "CPU" else "PYTHON") if kind == "copy" else x[fg.tensor([0, 3], device=device)]
@@ -1016,14 +1078,16 @@ def test_contiguous_and_repr(device, rng):
 # ================================================================================================================
 
 def test_zero_dim(device, rng):
-  (x, tx), (v, tv) = both(np.array(rng.uniform(0.5, 2)), "float32", device), rand_pair(rng, (3,), "float32", device)
-  for fn in (lambda t: t.exp(), lambda t: t + 1, lambda t: t.sum(), lambda t: t.reshape(1), lambda t: t.unsqueeze(0),
-             lambda t: t.expand(2, 3), lambda t: t.max(), lambda t: t.argmax(), lambda t: t.mean(), lambda t: t.flatten(),
-             lambda t: t.sum(0), lambda t: t.sum(-1, keepdim=True), lambda t: t.cumsum(0), lambda t: t.softmax(0)):
-    check(fn(x), fn(tx))
-  check(x * v, tx * tv)
-  check(v[1] + x, tv[1] + tx)
-  assert x.shape == () and x.ndim == 0 and x.numel() == 1
+  (w, tw), (v, tv) = rand_pair(rng, (3,), "float32", device, 0.5, 2), rand_pair(rng, (3,), "float32", device)
+  ops = (lambda t, u: t.exp(), lambda t, u: t + 1, lambda t, u: t.sum(), lambda t, u: t.reshape(1),
+         lambda t, u: t.unsqueeze(0), lambda t, u: t.expand(2, 3), lambda t, u: t.max(), lambda t, u: t.argmax(),
+         lambda t, u: t.mean(), lambda t, u: t.flatten(), lambda t, u: t.sum(0), lambda t, u: t.sum(-1, keepdim=True),
+         lambda t, u: t.cumsum(0), lambda t, u: t.softmax(0), lambda t, u: t * u, lambda t, u: u[1] + t)
+  for fn in ops:
+    # a 0-d view of a buffer (made afresh: see test_movement_of_realized_view) and a 0-d constant
+    for x, tx in ((w[1], tw[1]), (fg.tensor(1.75, device=device), torch.tensor(1.75))):
+      assert x.shape == () and x.ndim == 0 and x.numel() == 1
+      check(fn(x, v), fn(tx, tv))
 
 
 def test_size_one(device, rng):
@@ -1031,8 +1095,8 @@ def test_size_one(device, rng):
   for fn in (lambda t: t.sum(0), lambda t: t.squeeze(), lambda t: t.max(2).values, lambda t: t.expand(4, 3, 2) * 2,
              lambda t: t.permute(2, 1, 0), lambda t: t.softmax(2), lambda t: t.reshape(3), lambda t: t.flip(0, 2)):
     check(fn(x), fn(tx))
-  y, ty = rand_pair(rng, (1,), "float32", device)
-  check(y * x, ty * tx)
+  y, ty = rand_pair(rng, (1, 1), "float32", device)
+  check(y.reshape(1) * x, ty.reshape(1) * tx)
 
 
 EMPTY = {
@@ -1081,7 +1145,8 @@ def test_non_contiguous_inputs(device, rng, view, op):
   x, tx = rand_pair(rng, shape, "float32", device)
   v, tv = f(fg, x), f(torch, tx)
   assert v.shape == (2, 3, 4) == tuple(tv.shape)
-  check(VIEW_OPS[op](fg, v), VIEW_OPS[op](torch, tv), loose=2)
+  g = VIEW_OPS[op]
+  check(g(fg, v), g(torch, tv), loose=2, atol=l1_atol(lambda t: g(torch, t), tv) if op in ("sum", "matmul", "cumsum") else None)
 
 
 def test_big_elementwise(device, rng):
@@ -1092,23 +1157,34 @@ def test_big_elementwise(device, rng):
   check(x.half() * 2, tx.half() * 2)
 
 
-@pytest.mark.parametrize("op", ["sum", "max", "argmax", "mean", "min_int", "any", "prod_near_one", "sum_f16", "var"])
+# float32 sums and products of 2^18 values against the exact result: rtol 2e-5 and 2e-4 (a few sqrt(n) * eps)
+BIG_REDUCE = {   # name: (fn, dtype, input range, rtol)
+  "sum": (lambda t: t.sum(), "float32", (0, 1), 2e-5), "mean": (lambda t: t.mean(), "float32", (0, 1), 2e-5),
+  "var": (lambda t: t.var(), "float32", (0, 1), 2e-5), "max": (lambda t: t.max(), "float32", (-1, 1), 0),
+  "argmax": (lambda t: t.argmax(), "float32", (-1, 1), 0), "min_int": (lambda t: t.min(), "int32", (-1000, 1000), 0),
+  "sum_int": (lambda t: t.sum(), "int32", (-1000, 1000), 0), "any": (lambda t: (t > 0.9999).any(), "float32", (0, 1), 0),
+  "all": (lambda t: (t >= 0).all(), "float32", (0, 1), 0), "prod": (lambda t: t.prod(), "float32", (0.99, 1.0101), 2e-4),
+  "sum_f16": (lambda t: (t * 1e-3).half().sum(), "float32", (0, 1), 1e-3),
+  "sum_rows": (lambda t: t.reshape(-1, 8).sum(0), "float32", (-1, 1), 2e-5),
+}
+
+
+@pytest.mark.parametrize("op", BIG_REDUCE)
 def test_big_reduce(device, rng, op):
-  n = small(device, BIG, 1000)
-  dtype = "int32" if op == "min_int" else "float32"
-  x, tx = rand_pair(rng, (n,), dtype, device, -1000 if dtype == "int32" else 0, 1000 if dtype == "int32" else 1)
-  fn = {"sum": lambda t: t.sum(), "max": lambda t: t.max(), "argmax": lambda t: t.argmax(), "mean": lambda t: t.mean(),
-        "min_int": lambda t: t.min(), "any": lambda t: (t > 0.999999).any(), "prod_near_one": lambda t: (1 + t * 1e-6).prod(),
-        "sum_f16": lambda t: t.half().sum(), "var": lambda t: t.var()}[op]
-  # float32 sums of 2^18 values: torch and fusegrad add in different orders
-  check(fn(x), fn(tx), rtol=2e-4 if op in ("sum", "mean", "var", "sum_f16") else 1e-5, atol=1e-3)
+  """the reference is computed in float64 (torch's float32 sums are approximations too) and cast back"""
+  fn, dtype, (lo, hi), rtol = BIG_REDUCE[op]
+  n = small(device, BIG - 3, 1024)
+  x, tx = rand_pair(rng, (n,), dtype, device, lo, hi)
+  want = fn(tx)
+  if want.dtype.is_floating_point: want = fn(tx.double()).to(want.dtype)
+  check(fn(x), want, rtol=rtol, atol=l1_atol(fn, tx) if "sum" in op or op == "mean" else None)
 
 
 def test_big_2d(device, rng):
   r, c = small(device, 256, 16), small(device, 1024, 32)
   (x, tx), (w, tw) = rand_pair(rng, (r, c), "float32", device), rand_pair(rng, (c, 64), "float32", device)
   check(x.softmax(-1), tx.softmax(-1), loose=4)
-  check(x.sum(0), tx.sum(0), rtol=1e-4, atol=1e-4)
+  check(x.sum(0), tx.sum(0), atol=l1_atol(lambda t: t.sum(0), tx))
   check(x.T.contiguous(), tx.T.contiguous())
   check(x.max(1).indices, tx.max(1).indices)
-  check(x @ w, tx @ tw, rtol=1e-4, atol=1e-3)   # dot products of 1024 terms with sums up to ~100
+  check(x @ w, tx @ tw, atol=l1_atol(lambda a, b: a @ b, tx, tw))

@@ -153,7 +153,7 @@ def reduce(src: Node, op: str, axes: tuple) -> Node:
 # ---- movement: compose into one View where possible ------------------------------------------------------
 
 def _base_view(n: Node) -> tuple[Node, View]:
-  if n.op == "VIEW": return n.src[0], n.arg
+  if n.op == "VIEW" and not n.realized: return n.src[0], n.arg   # a realized view is a buffer now
   return n, View.contiguous(n.shape)
 
 
