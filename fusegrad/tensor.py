@@ -764,13 +764,15 @@ class Tensor:
       raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({self.shape[d]}).")
     return self._shrink([(start, start + length) if i == d else (0, s) for i, s in enumerate(self.shape)])
   def pad(self, padding, value=0.0, mode: str = "constant") -> "Tensor":
-    if mode != "constant": raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is implemented")
+    """torch.nn.functional.pad: (left, right) pairs from the last dim backwards; modes constant,
+    reflect, replicate and circular (the last three as views joined by one fused kernel)."""
     padding = tuple(int(p) for p in padding)
     if len(padding) % 2 or len(padding) // 2 > self.ndim:
       raise RuntimeError(f"Padding length must be divisible by 2 and at most twice the number of dimensions of the input "
                        f"({self.ndim}); got {len(padding)}")
     pads = [(0, 0)] * self.ndim
     for i in range(len(padding) // 2): pads[self.ndim - 1 - i] = (padding[2 * i], padding[2 * i + 1])
+    if mode != "constant": return self._pad_edges(pads, mode)
     for (b, a), s in zip(pads, self.shape):
       if s + b + a < 0:
         raise RuntimeError(f"The input size {s}, plus negative padding {b} and {a} resulted in a negative output size")
@@ -779,16 +781,46 @@ class Tensor:
     pos = tuple((builtins.max(0, b), builtins.max(0, a)) for b, a in pads)
     if all(p == (0, 0) for p in pos): return x
     out = x._new(gn.movement(x.node, "PAD", pos))
-    if value != 0 and not (isinstance(value, float) and math.isnan(value) is False and value == 0):
+    if value != 0:
       mask = x._new(gn.movement(gn.const(True, dt.bool_, x.shape, x.device), "PAD", pos))
       out = where(mask, out, value)._cast(self.dtype)
     return out
+
+  def _pad_edges(self, pads, mode: str) -> "Tensor":
+    if mode not in ("reflect", "replicate", "circular"):
+      raise NotImplementedError(f"padding mode {mode!r}: expected constant, reflect, replicate or circular")
+    x = self
+    for d, (b, a) in enumerate(pads):
+      if (b, a) == (0, 0): continue
+      n = x.shape[d]
+      if b < 0 or a < 0: raise RuntimeError(f"{mode} padding must be non-negative, got ({b}, {a}) for dim {d}")
+      limit = n - 1 if mode == "reflect" else n if mode == "circular" else None
+      if limit is not None and (b > limit or a > limit):
+        raise RuntimeError(f"{mode} padding ({b}, {a}) of dim {d} must be at most {limit} for an input of size {n} "
+                           f"(shape {list(self.shape)})")
+      if n == 0: raise RuntimeError(f"{mode} padding of an empty dim {d} (shape {list(self.shape)})")
+      if mode == "replicate":
+        grow = lambda t, k: t.expand(*[k if i == d else s for i, s in enumerate(t.shape)])
+        left, right = grow(x.narrow(d, 0, 1), b), grow(x.narrow(d, n - 1, 1), a)
+      elif mode == "reflect":
+        left, right = x.narrow(d, 1, b).flip(d), x.narrow(d, n - 1 - a, a).flip(d)
+      else:
+        left, right = x.narrow(d, n - b, b), x.narrow(d, 0, a)
+      x = cat([left, x, right], d)
+    return x
 
   def __getitem__(self, index) -> "Tensor":
     return _getitem(self, index)
 
   def __setitem__(self, index, value) -> None:
     # a lazy select: the indexed region takes the new values, everything else stays
+    if isinstance(index, Tensor) and index.dtype.is_bool:   # x[mask] = scalar
+      if isinstance(value, Tensor) and value.numel() != 1:
+        raise NotImplementedError(f"x[mask] = tensor of {value.numel()} values (a scatter) is not implemented; "
+                                  f"use fusegrad.where(mask, values, x) with values shaped like x {list(self.shape)}")
+      v = value.reshape(()) if isinstance(value, Tensor) else value
+      self.node = where(index._broadcast_to(broadcast_shapes(index.shape, self.shape)), v, self)._cast(self.dtype).node
+      return
     region = _getitem(self, index, basic_only=True, return_region=True)
     shape_in, place = region
     val = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
@@ -987,7 +1019,7 @@ def _getitem(x: Tensor, index, basic_only: bool = False, return_region: bool = F
       final_dims.append(("new",)); continue
     s = x.shape[dim]
     if isinstance(i, Tensor) and i.dtype.is_bool or isinstance(i, (list, np.ndarray)) and np.asarray(i).dtype == bool:
-      if basic_only: raise NotImplementedError("assignment through a boolean mask index: use fusegrad.where")
+      if basic_only: raise NotImplementedError("assignment through a boolean mask index inside a tuple index")
       m = i if isinstance(i, Tensor) else Tensor(np.asarray(i), device=x.device)
       for k in range(m.ndim):
         if m.shape[k] != x.shape[dim + k]:

@@ -1188,3 +1188,30 @@ def test_big_2d(device, rng):
   check(x.T.contiguous(), tx.T.contiguous())
   check(x.max(1).indices, tx.max(1).indices)
   check(x @ w, tx @ tw, atol=l1_atol(lambda a, b: a @ b, tx, tw))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("pad", [(2, 1), (0, 3, 1, 1), (1, 2, 0, 2, 1, 0)])
+def test_pad_modes(device, rng, mode, pad):
+  x, tx = rand_pair(rng, (2, 3, 4, 5), "float32", device)
+  with fg.track() as t:
+    out = x.pad(pad, mode=mode).realize()
+  # torch pads only the last 1-3 dims of a 3-5d input in these modes: give it a 3d view for a 1d pad
+  want = torch.nn.functional.pad(tx if len(pad) >= 4 else tx.reshape(6, 4, 5), pad, mode=mode)
+  check(out, want.reshape(out.shape))
+  assert len(t.kernels) == 1   # views of the input joined by one fused kernel
+
+
+@pytest.mark.parametrize("mode", ["reflect", "circular"])
+def test_pad_mode_too_wide(mode):
+  with pytest.raises(RuntimeError, match=r"at most"):
+    fg.ones(2, 3).pad((4, 0), mode=mode)
+
+
+def test_setitem_mask_scalar(device, rng):
+  x, tx = rand_pair(rng, (4, 6), "float32", device)
+  x[x > 0.5] = 7.0
+  tx[tx > 0.5] = 7.0
+  check(x, tx)
+  with pytest.raises(NotImplementedError, match="scatter"):
+    x[x > 0] = fg.ones(3, device=device)
