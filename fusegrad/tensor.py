@@ -17,6 +17,7 @@ from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod
 from fusegrad.runtime import device as rd
+from fusegrad import autograd
 
 ReturnMinMax = namedtuple("return_types", ["values", "indices"])
 
@@ -86,30 +87,34 @@ def _result_type(*operands) -> DType:
 # ---- the tensor ----------------------------------------------------------------------------------------------
 
 class Tensor:
-  __slots__ = ("node", "requires_grad", "grad", "__weakref__")
+  __slots__ = ("node", "requires_grad", "grad", "_ctx", "__weakref__")
   __hash__ = object.__hash__
   __array_priority__ = 1000   # numpy defers to our reflected operators
 
   def __init__(self, data=None, dtype=None, device=None, requires_grad: bool = False, *, _node: Node | None = None):
-    self.requires_grad, self.grad = requires_grad, None
+    self.requires_grad, self.grad, self._ctx = False, None, None
     if _node is not None:
       self.node = _node
+      if requires_grad: self.requires_grad_()
       return
     devname = rd.canonical(device)
     d = dt.to_dtype(dtype) if dtype is not None else None
     if isinstance(data, Tensor):
       t = data.to(devname)
       self.node = (t.to(d) if d is not None else t).node
+      if requires_grad: self.requires_grad_()
       return
     arr = _to_numpy(data, d)
     d = d or dt.from_numpy(arr.dtype)
     _check_device_dtype(devname, d)
     if arr.size == 1 and arr.ndim <= 1 and d != dt.bfloat16:   # small constants need no buffer
       self.node = gn.const(arr.reshape(-1)[0].item(), d, arr.shape, devname)
+      if requires_grad: self.requires_grad_()
       return
     buf = rd.Buffer(rd.get(devname), arr.size, d)
     if arr.size: buf.copyin(_host_bits(arr, d))
     self.node = gn.buffer_node(buf, d, arr.shape, devname)
+    if requires_grad: self.requires_grad_()
 
   # ---- basic properties ----
   @property
@@ -136,6 +141,25 @@ class Tensor:
 
   def _new(self, node: Node) -> "Tensor": return Tensor(_node=node)
 
+  def _prim(self, kind: str, arg, node: Node, *inputs: "Tensor") -> "Tensor":
+    """A differentiable primitive: the new tensor, with its recipe recorded for autograd."""
+    r = Tensor(_node=node)
+    autograd.record(r, kind, arg, inputs or (self,))
+    return r
+
+  # ---- autograd ----
+  def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+    if requires_grad and not self.dtype.is_float:
+      raise RuntimeError(f"only Tensors of floating point dtype can require gradients (got {self.dtype.name})")
+    if not requires_grad and self._ctx is not None:
+      raise RuntimeError("you can only change requires_grad flags of leaf variables.")
+    self.requires_grad = requires_grad
+    return self
+  def detach(self) -> "Tensor": return Tensor(_node=self.node)
+  def backward(self, gradient=None) -> None: autograd.backward(self, gradient)
+  @property
+  def is_leaf(self) -> bool: return self._ctx is None
+
   # ---- realizing ----
   def realize(self) -> "Tensor":
     from fusegrad.engine.realize import realize
@@ -144,7 +168,7 @@ class Tensor:
 
   def contiguous(self) -> "Tensor":
     if self.node.realized or self.node.op == "BUFFER": return self
-    return self._new(gn.contiguous(self.node))
+    return self._prim("CONTIGUOUS", None, gn.contiguous(self.node))
 
   def numpy(self) -> np.ndarray:
     if self.dtype == dt.bfloat16:
@@ -213,7 +237,7 @@ class Tensor:
       dev = rd.canonical(device)
       if dev != out.device:
         _check_device_dtype(dev, out.dtype)
-        out = out._new(gn.copy_to(out.node, dev))
+        out = out._prim("COPY", dev, gn.copy_to(out.node, dev))
     return out
 
   def cpu(self) -> "Tensor": return self.to("CPU")
@@ -223,7 +247,7 @@ class Tensor:
   def _cast(self, d: DType) -> "Tensor":
     if d == self.dtype: return self
     _check_device_dtype(self.device, d)
-    return self._new(gn.cast(self.node, d))
+    return self._prim("CAST", d, gn.cast(self.node, d))
   def float(self): return self._cast(dt.float32)
   def half(self): return self._cast(dt.float16)
   def double(self): return self._cast(dt.float64)
@@ -249,9 +273,12 @@ class Tensor:
 
   def _broadcast_to(self, shape) -> "Tensor":
     if self.shape == tuple(shape): return self
-    n = self.node
-    if len(shape) > self.ndim: n = gn.movement(n, "RESHAPE", (1,) * (len(shape) - self.ndim) + self.shape)
-    return self._new(gn.movement(n, "EXPAND", tuple(shape)))
+    x = self
+    if len(shape) > self.ndim: x = x._mv("RESHAPE", (1,) * (len(shape) - self.ndim) + self.shape)
+    return x._mv("EXPAND", tuple(shape))
+
+  def _mv(self, op: str, arg) -> "Tensor":
+    return self._prim("MOVE", (op, arg), gn.movement(self.node, op, arg))
 
   def _alu(self, op: str, *others, dtype: DType | None = None, out: DType | None = None) -> "Tensor":
     """Apply a primitive op with PyTorch's promotion and broadcasting; `dtype` forces the compute dtype."""
@@ -259,7 +286,7 @@ class Tensor:
     ts = [self._cast(d)] + [self._operand(o, d) for o in others]
     shape = broadcast_shapes(*[t.shape for t in ts])
     ts = [t._broadcast_to(shape) for t in ts]
-    r = self._new(gn.alu(op, *[t.node for t in ts]))
+    r = ts[0]._prim("ALU", op, gn.alu(op, *[t.node for t in ts]), *ts)
     return r._cast(out) if out is not None else r
 
   def _float_dtype(self, *others) -> DType:
@@ -314,7 +341,7 @@ class Tensor:
     return self._alu("NOT")
   def relu(self):
     if self.dtype.is_bool: raise RuntimeError("Boolean inputs not supported for relu")
-    return self.maximum(self._new(gn.const(0, self.dtype, (), self.device)))
+    return where(self <= 0, 0, self)   # NaN stays NaN; the gradient at 0 is 0, as PyTorch's
   def sigmoid(self):
     x = self._cast(self._float_dtype())
     return (1 + (-x).exp()).reciprocal()
@@ -454,9 +481,10 @@ class Tensor:
   def where(self, condition, other): return where(condition, self, other)
   def clamp(self, min=None, max=None):
     if min is None and max is None: raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    # selects, not maximum/minimum: the gradient is 1 on [min, max] inclusive, as PyTorch's, and NaN stays
     out = self
-    if min is not None: out = out.maximum(min)
-    if max is not None: out = out.minimum(max)
+    if min is not None: out = where(out < min, min, out)
+    if max is not None: out = where(out > max, max, out)
     return out
   clip = clamp
   def clamp_min(self, min): return self.clamp(min=min)
@@ -514,7 +542,14 @@ class Tensor:
       raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(r.shape)}")
     if r.dtype != self.dtype and not (r.dtype.category <= self.dtype.category):
       raise RuntimeError(f"result type {r.dtype.name} can't be cast to the desired output type {self.dtype.name}")
-    self.node = r._cast(self.dtype).node
+    return self._assign(r._cast(self.dtype))
+
+  def _assign(self, r: "Tensor") -> "Tensor":
+    """Rebind this tensor to a new lazy value (an in-place op), keeping autograd consistent."""
+    if self.requires_grad and self._ctx is None and autograd.grad_enabled():
+      raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+    self.node, self._ctx = r.node, r._ctx
+    self.requires_grad = self.requires_grad or r.requires_grad
     return self
   def __iadd__(self, o): return self._inplace(self + o)
   def __isub__(self, o): return self._inplace(self - o)
@@ -533,12 +568,10 @@ class Tensor:
   def clamp_(self, min=None, max=None): return self._inplace(self.clamp(min, max))
   def zero_(self): return self.fill_(0)
   def fill_(self, value):
-    self.node = gn.const(value, self.dtype, self.shape, self.device)
-    return self
+    return self._assign(Tensor(_node=gn.const(value, self.dtype, self.shape, self.device)))
   def copy_(self, src: "Tensor"):
     src = src if isinstance(src, Tensor) else Tensor(src)
-    self.node = src.to(self.device)._cast(self.dtype)._broadcast_to(self.shape).node
-    return self
+    return self._assign(src.to(self.device)._cast(self.dtype)._broadcast_to(self.shape))
   def uniform_(self, a: float = 0.0, b: float = 1.0):
     return self.copy_(rand(*self.shape, device=self.device) * (b - a) + a)
   def normal_(self, mean: float = 0.0, std: float = 1.0):
@@ -553,7 +586,7 @@ class Tensor:
     if red >= SPLIT_REDUCE_MIN and outn < 64 and len(axes) > 0:
       x = x._split_reduce(op, axes)   # two kernels: many partial results, then the total
     else:
-      x = self._new(gn.reduce(x.node, op, axes))
+      x = self._prim("REDUCE", (op, tuple(sorted(a for a in axes if self.shape[a] != 1))), gn.reduce(x.node, op, axes))
     if not keepdim: x = x.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
     return x
 
@@ -567,8 +600,8 @@ class Tensor:
       ident = gn.reduce_identity(op, self.dtype)
       x = x.pad((0, chunk * parts - red), value=ident)
     x = x.reshape(*[self.shape[i] for i in keep], parts, chunk)
-    partial = self._new(gn.reduce(x.node, op, (x.ndim - 1,))).contiguous()
-    total = self._new(gn.reduce(partial.node, op, (x.ndim - 2,)))
+    partial = x._prim("REDUCE", (op, (x.ndim - 1,)), gn.reduce(x.node, op, (x.ndim - 1,))).contiguous()
+    total = partial._prim("REDUCE", (op, (x.ndim - 2,)), gn.reduce(partial.node, op, (x.ndim - 2,)))
     return total.reshape(tuple(1 if i in axes else s for i, s in enumerate(self.shape)))
 
   def sum(self, dim=None, keepdim: bool = False, dtype=None):
@@ -589,12 +622,21 @@ class Tensor:
     if isinstance(dim, Tensor): return self.maximum(dim)
     self._check_nonempty("max", dim)
     if dim is None: return self._reduce("MAX", None, False)
-    return ReturnMinMax(self._reduce("MAX", dim, keepdim), self.argmax(dim, keepdim))
+    return self._min_max_dim("MAX", dim, keepdim)
   def min(self, dim=None, keepdim: bool = False):
     if isinstance(dim, Tensor): return self.minimum(dim)
     self._check_nonempty("min", dim)
     if dim is None: return self._reduce("MIN", None, False)
-    return ReturnMinMax(self._reduce("MIN", dim, keepdim), self.argmin(dim, keepdim))
+    return self._min_max_dim("MIN", dim, keepdim)
+  def _min_max_dim(self, op: str, dim, keepdim: bool):
+    idx = self.argmax(dim, True) if op == "MAX" else self.argmin(dim, True)
+    if not self.requires_grad or not autograd.grad_enabled():
+      vals = self._reduce(op, dim, keepdim)
+    else:   # the gradient goes to the returned index only, as PyTorch's does
+      d = _norm_dim(dim, self.ndim)
+      hit = arange(self.shape[d], device=self.device).reshape(*[-1 if i == d else 1 for i in range(self.ndim)]) == idx
+      vals = where(hit, self, 0).sum(d, keepdim=keepdim)
+    return ReturnMinMax(vals, idx if keepdim else idx.squeeze(dim))
   def amax(self, dim=None, keepdim: bool = False):
     self._check_nonempty("amax", dim)
     return self._reduce("MAX", dim if dim != () else None, keepdim)
@@ -685,7 +727,8 @@ class Tensor:
       shape = tuple(self.numel() // known if s == -1 else s for s in shape)
     if prod(shape) != self.numel():
       raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {self.numel()}")
-    return self._new(gn.movement(self.node, "RESHAPE", shape))
+    if shape == self.shape: return self
+    return self._mv("RESHAPE", shape)
   view = reshape
   def view_as(self, other): return self.reshape(other.shape)
   reshape_as = view_as
@@ -697,7 +740,7 @@ class Tensor:
                          f"len(dims) = {len(dims)}")
     order = _norm_dims(dims, self.ndim)
     if order == tuple(range(self.ndim)): return self
-    return self._new(gn.movement(self.node, "PERMUTE", order))
+    return self._mv("PERMUTE", order)
   def transpose(self, dim0: int, dim1: int) -> "Tensor":
     if self.ndim == 0: return self
     a, b = _norm_dim(dim0, self.ndim), _norm_dim(dim1, self.ndim)
@@ -752,11 +795,11 @@ class Tensor:
     dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
     axes = _norm_dims(dims, self.ndim)
     if not axes: return self
-    return self._new(gn.movement(self.node, "FLIP", axes))
+    return self._mv("FLIP", axes)
   def _shrink(self, bounds) -> "Tensor":
     bounds = tuple(tuple(b) for b in bounds)
     if all(b == (0, s) for b, s in zip(bounds, self.shape)): return self
-    return self._new(gn.movement(self.node, "SHRINK", bounds))
+    return self._mv("SHRINK", bounds)
   def narrow(self, dim: int, start: int, length: int) -> "Tensor":
     d = _norm_dim(dim, self.ndim)
     if start < 0: start += self.shape[d]
@@ -780,7 +823,7 @@ class Tensor:
     x = self._shrink([(builtins.max(0, -b), s - builtins.max(0, -a)) for (b, a), s in zip(pads, self.shape)])
     pos = tuple((builtins.max(0, b), builtins.max(0, a)) for b, a in pads)
     if all(p == (0, 0) for p in pos): return x
-    out = x._new(gn.movement(x.node, "PAD", pos))
+    out = x._mv("PAD", pos)
     if value != 0:
       mask = x._new(gn.movement(gn.const(True, dt.bool_, x.shape, x.device), "PAD", pos))
       out = where(mask, out, value)._cast(self.dtype)
@@ -819,14 +862,14 @@ class Tensor:
         raise NotImplementedError(f"x[mask] = tensor of {value.numel()} values (a scatter) is not implemented; "
                                   f"use fusegrad.where(mask, values, x) with values shaped like x {list(self.shape)}")
       v = value.reshape(()) if isinstance(value, Tensor) else value
-      self.node = where(index._broadcast_to(broadcast_shapes(index.shape, self.shape)), v, self)._cast(self.dtype).node
+      self._assign(where(index._broadcast_to(broadcast_shapes(index.shape, self.shape)), v, self)._cast(self.dtype))
       return
     region = _getitem(self, index, basic_only=True, return_region=True)
     shape_in, place = region
     val = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
     val = val.to(self.device)._cast(self.dtype).expand(*shape_in) if val.shape != shape_in else val._cast(self.dtype)
     placed, mask = place(val)
-    self.node = where(mask, placed, self).node
+    self._assign(where(mask, placed, self))
 
   def split(self, split_size_or_sections, dim: int = 0):
     d = _norm_dim(dim, self.ndim)
@@ -934,7 +977,7 @@ def _windows(x: Tensor, n: int) -> Tensor:
   flat = x.reshape(outer, x.shape[-1])
   v = View((outer, L, n), (x.shape[-1], 1, 1), 0, None)
   node = gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device)
-  return Tensor(_node=node).reshape(*lead, L, n)
+  return flat._prim("WINDOW", n, node).reshape(*lead, L, n)
 
 
 def _check_device_dtype(device: str, d: DType) -> None:
@@ -989,8 +1032,8 @@ def where(condition, input, other) -> Tensor:
       raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                          f"{cond.device} and {t.device}!")
   shape = broadcast_shapes(cond.shape, a.shape, b.shape)
-  return Tensor(_node=gn.alu("WHERE", cond._broadcast_to(shape).node, a._broadcast_to(shape).node,
-                             b._broadcast_to(shape).node))
+  c, a, b = cond._broadcast_to(shape), a._broadcast_to(shape), b._broadcast_to(shape)
+  return a._prim("ALU", "WHERE", gn.alu("WHERE", c.node, a.node, b.node), c, a, b)
 
 
 # ---- indexing -----------------------------------------------------------------------------------------------
@@ -1066,7 +1109,7 @@ def _getitem(x: Tensor, index, basic_only: bool = False, return_region: bool = F
   y = x._shrink(bounds)
   if any(st < 0 for st in steps): y = y.flip(*[d for d, st in enumerate(steps) if st < 0])
   if any(abs(st) != 1 for st in steps):
-    y = y._new(gn.movement(y.node, "STRIDE", tuple(abs(st) for st in steps)))
+    y = y._mv("STRIDE", tuple(abs(st) for st in steps))
   shape = []
   for f in final_dims:
     if f[0] == "new": shape.append(1)
@@ -1143,7 +1186,7 @@ def _advanced(y: Tensor, adv: list) -> Tensor:
     flat = flat + r * strides[d]
   flat = flat._broadcast_to(out_shape)
   data = y.contiguous()
-  return Tensor(_node=gn.gather(data.node, flat.node))
+  return data._prim("GATHER", None, gn.gather(data.node, flat.node), data, flat)
 
 
 # ---- construction ---------------------------------------------------------------------------------------------

@@ -1,0 +1,262 @@
+"""Reverse-mode autograd over the lazy graph.
+
+Every differentiable primitive the frontend applies (an ALU op, a cast, a movement, a reduction, a
+gather, a window view, a copy) is recorded on its output as (kind, arg, inputs, output node). The
+gradient rules are one table keyed by the same names (`RULES` and `ALU_RULES` below), written with
+Tensor ops, so the backward pass is itself a lazy graph that fuses like the forward one.
+"""
+from __future__ import annotations
+import contextlib
+import math
+import threading
+from fusegrad import dtype as dt
+
+_state = threading.local()
+
+
+def grad_enabled() -> bool: return getattr(_state, "enabled", True)
+
+
+@contextlib.contextmanager
+def _set_grad(mode: bool):
+  prev = grad_enabled()
+  _state.enabled = mode
+  try:
+    yield
+  finally:
+    _state.enabled = prev
+
+
+class no_grad(contextlib.ContextDecorator):
+  """with fusegrad.no_grad(): ops record nothing for autograd (also usable as a decorator)."""
+  def __enter__(self):
+    self._prev = grad_enabled()
+    _state.enabled = False
+  def __exit__(self, *exc):
+    _state.enabled = self._prev
+    return False
+
+
+class enable_grad(contextlib.ContextDecorator):
+  def __enter__(self):
+    self._prev = grad_enabled()
+    _state.enabled = True
+  def __exit__(self, *exc):
+    _state.enabled = self._prev
+    return False
+
+
+def record(out, kind: str, arg, inputs: tuple) -> None:
+  """Attach the recipe of `out` if any input needs a gradient."""
+  if not grad_enabled() or not out.dtype.is_float: return
+  if any(t.requires_grad for t in inputs):
+    out._ctx = (kind, arg, inputs, out.node)
+    out.requires_grad = True
+
+
+# ---- the rules: (arg, inputs, out_tensor, grad) -> one gradient (or None) per input ------------------
+
+def _T(node):
+  from fusegrad.tensor import Tensor
+  return Tensor(_node=node)
+
+
+def _sum_to(g, shape):
+  return g if g.shape == tuple(shape) else g.reshape(shape)
+
+
+def _alu_rule(op, inputs, out, g):
+  a = inputs[0]
+  b = inputs[1] if len(inputs) > 1 else None
+  from fusegrad.tensor import where
+  if op == "ADD": return g, g
+  if op == "SUB": return g, -g
+  if op == "MUL": return g * b, g * a
+  if op == "DIV": return g / b, -g * a / (b * b)
+  if op == "NEG": return (-g,)
+  if op == "EXP": return (g * out,)
+  if op == "LOG": return (g / a,)
+  if op == "SQRT": return (g / (2 * out),)
+  if op == "SIN": return (g * a.cos(),)
+  if op == "COS": return (-g * a.sin(),)
+  if op == "TAN": return (g * (1 + out * out),)
+  if op == "TANH": return (g * (1 - out * out),)
+  if op == "ERF": return (g * (2 / math.sqrt(math.pi)) * (-(a * a)).exp(),)
+  if op == "RECIP": return (-g * out * out,)
+  if op == "ABS": return (g * a.sign(),)
+  if op in ("FLOOR", "CEIL", "RINT", "TRUNC"): return (g * 0,)
+  if op == "POW":
+    return (g * b * a.pow(b - 1), where(a > 0, g * out * where(a > 0, a, 1).log(), where(a == 0, 0.0, float("nan"))))
+  if op == "MOD": return g, -g * (a / b).trunc()
+  if op in ("MAX", "MIN"):
+    # ties split the gradient equally, as torch.maximum/minimum do
+    win = (a > b) if op == "MAX" else (a < b)
+    tie = a == b
+    ga = where(win, g, where(tie, g * 0.5, 0.0))
+    gb = where(win, 0.0, where(tie, g * 0.5, g))
+    return ga, gb
+  if op == "WHERE": return None, where(a, g, 0.0), where(a, 0.0, g)
+  return tuple(None for _ in inputs)   # comparisons, logic, bits: not differentiable
+
+
+def _move_rule(arg, inputs, out, g):
+  op, a = arg
+  x = inputs[0]
+  if op == "RESHAPE": return (g.reshape(x.shape),)
+  if op == "PERMUTE":
+    inv = [0] * len(a)
+    for i, p in enumerate(a): inv[p] = i
+    return (g.permute(*inv),)
+  if op == "EXPAND":
+    axes = tuple(i for i, (s, n) in enumerate(zip(x.shape, g.shape)) if s != n)
+    return (g.sum(axes, keepdim=True) if axes else g,)
+  if op == "PAD":
+    return (g._shrink([(b, b + s) for (b, _), s in zip(a, x.shape)]),)
+  if op == "SHRINK":
+    pads = []
+    for (lo, hi), s in zip(reversed(a), reversed(x.shape)): pads += [lo, s - hi]
+    return (g.pad(tuple(pads)),)
+  if op == "FLIP": return (g.flip(*a),)
+  if op == "STRIDE":
+    for d, k in enumerate(a):
+      if k == 1: continue
+      g = g.unsqueeze(d + 1).pad(tuple([0, 0] * (g.ndim - d - 1) + [0, k - 1])).flatten(d, d + 1)
+      g = g.narrow(d, 0, x.shape[d])
+    return (g,)
+  raise AssertionError(op)
+
+
+def _reduce_rule(arg, inputs, out, g):
+  op, axes = arg
+  x = inputs[0]
+  if op == "SUM": return (g.expand(*x.shape),)
+  if op in ("MAX", "MIN"):
+    hit = (x == out.expand(*x.shape)).float() if x.dtype != dt.float64 else (x == out.expand(*x.shape)).double()
+    return (g.expand(*x.shape) * hit / hit.sum(axes, keepdim=True),)
+  if op == "PROD":
+    if len(axes) == 1 and x.shape[axes[0]] <= 1024:
+      # exact with zeros: the product of the others, over an n x n mask of the reduced axis
+      from fusegrad.tensor import arange, where
+      ax, n = axes[0], x.shape[axes[0]]
+      xt = x.transpose(ax, -1).unsqueeze(-2)                         # [..., 1, n]
+      eye = arange(n, device=x.device).reshape(n, 1) == arange(n, device=x.device).reshape(1, n)
+      others = where(eye, 1.0, xt).prod(-1)                          # [..., n]: prod over j != i
+      return (g.expand(*x.shape) * others.transpose(ax, -1).reshape(x.shape),)
+    return (g.expand(*x.shape) * out.expand(*x.shape) / x,)
+  raise AssertionError(op)
+
+
+def _gather_rule(arg, inputs, out, g):
+  data, pos = inputs
+  from fusegrad.tensor import arange
+  n = data.numel()
+  hit = pos.reshape(-1, 1) == arange(n, device=data.device).reshape(1, n)   # one-hot scatter-add
+  flat = (hit.to(g.dtype) * g.reshape(-1, 1)).sum(0)
+  return flat.reshape(data.shape), None
+
+
+def _window_rule(arg, inputs, out, g):
+  # w[..., i, k] = x[..., i + k]: dx[..., j] = sum over k of g[..., j - k, k]
+  from fusegrad.graph import node as gn
+  from fusegrad.graph.view import View
+  x = inputs[0]
+  lead, (L, n) = g.shape[:-2], g.shape[-2:]
+  gp = g.reshape(-1, L, n).pad((0, 0, n - 1, n - 1)).contiguous()      # [B, L + 2n - 2, n]
+  B, rows = gp.shape[0], L + 2 * n - 2
+  v = View((B, L + n - 1, n), (rows * n, n, -(n - 1)), (n - 1) * n, None)
+  flat = gp.reshape(B * rows * n)
+  h = _T(gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device))
+  return (h.sum(-1).reshape(*lead, L + n - 1).reshape(x.shape),)
+
+
+RULES = {
+  "ALU": lambda arg, ins, out, g: _alu_rule(arg, ins, out, g),
+  "CAST": lambda arg, ins, out, g: (g.to(ins[0].dtype) if ins[0].dtype.is_float else None,),
+  "MOVE": _move_rule,
+  "REDUCE": _reduce_rule,
+  "GATHER": _gather_rule,
+  "WINDOW": _window_rule,
+  "CONTIGUOUS": lambda arg, ins, out, g: (g,),
+  "COPY": lambda arg, ins, out, g: (g.to(ins[0].device),),
+}
+
+
+# ---- the backward pass ----------------------------------------------------------------------------------
+
+def _toposort(roots) -> list:
+  order, seen = [], set()
+  for r in roots:
+    stack = [(r, False)]
+    while stack:
+      t, done = stack.pop()
+      if done: order.append(t); continue
+      if id(t) in seen: continue
+      seen.add(id(t))
+      stack.append((t, True))
+      if t._ctx is not None:
+        for i in t._ctx[2]:
+          if i.requires_grad: stack.append((i, False))
+  return order
+
+
+def _run(outputs, grad_outputs, inputs=None) -> dict:
+  """Propagate from outputs; returns id(tensor) -> gradient for leaves (or for `inputs`)."""
+  grads: dict = {}
+  for o, g in zip(outputs, grad_outputs): grads[id(o)] = g if id(o) not in grads else grads[id(o)] + g
+  wanted = {id(t) for t in inputs} if inputs is not None else None
+  with _set_grad(False):
+    for t in reversed(_toposort(outputs)):
+      g = grads.get(id(t))
+      if g is None or t._ctx is None: continue
+      if wanted is not None and id(t) in wanted: continue
+      kind, arg, ins, out_node = t._ctx
+      gs = RULES[kind](arg, ins, _T(out_node), g)
+      for i, gi in zip(ins, gs):
+        if gi is None or not i.requires_grad: continue
+        if gi.dtype != i.dtype and i.dtype.is_float: gi = gi.to(i.dtype)
+        if gi.shape != i.shape: gi = gi.expand(*i.shape) if gi.numel() == 1 else gi.reshape(i.shape)
+        grads[id(i)] = gi if id(i) not in grads else grads[id(i)] + gi
+  return grads
+
+
+def _seed(t, gradient):
+  from fusegrad.tensor import Tensor, ones_like
+  if gradient is None:
+    if t.numel() != 1: raise RuntimeError("grad can be implicitly created only for scalar outputs")
+    return ones_like(t)
+  g = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=t.dtype, device=t.device)
+  if g.shape != t.shape:
+    raise RuntimeError(f"Mismatch in shape: grad_output[0] has a shape of {g.shape} and output[0] has a shape of {t.shape}.")
+  return g
+
+
+def backward(t, gradient=None) -> None:
+  if not t.requires_grad:
+    raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+  grads = _run([t], [_seed(t, gradient)])
+  for leaf in _toposort([t]):
+    if leaf._ctx is None and leaf.requires_grad and id(leaf) in grads:
+      g = grads[id(leaf)]
+      leaf.grad = g if leaf.grad is None else leaf.grad + g
+
+
+def grad(outputs, inputs, grad_outputs=None, allow_unused: bool = False) -> tuple:
+  """torch.autograd.grad: gradients of outputs w.r.t. inputs, without touching .grad."""
+  from fusegrad.tensor import Tensor, zeros_like
+  outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+  inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+  if grad_outputs is None: grad_outputs = [None] * len(outputs)
+  elif isinstance(grad_outputs, Tensor): grad_outputs = [grad_outputs]
+  for o in outputs:
+    if not o.requires_grad:
+      raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+  grads = _run(outputs, [_seed(o, g) for o, g in zip(outputs, grad_outputs)], inputs)
+  out = []
+  for i in inputs:
+    if id(i) not in grads:
+      if not allow_unused:
+        raise RuntimeError("One of the differentiated Tensors appears to not have been used in the graph. "
+                           "Set allow_unused=True if this is the desired behavior.")
+      out.append(None)
+    else: out.append(grads[id(i)])
+  return tuple(out)
