@@ -244,3 +244,24 @@ def test_hash_consing(rng):
     out = (s * s).numpy()
   assert len(t.kernels) == 1
   np.testing.assert_allclose(out, (ta.numpy() + tb.numpy()) ** 2, rtol=1e-6)
+
+
+def test_adam_update_is_one_kernel_with_three_outputs(rng):
+  # parameter, first and second moment of one Adam step: elementwise kernels of one shape that read
+  # each other's outputs become one kernel that stores all three
+  p0, g0 = randn(rng, 64, 48), randn(rng, 64, 48)
+  m0, v0 = randn(rng, 64, 48) * 0.1, np.abs(randn(rng, 64, 48)) * 0.01
+  p, g, m, v = (realized(a) for a in (p0, g0, m0, v0))
+  b1, b2, lr, eps = 0.9, 0.999, 1e-3, 1e-8
+  m2 = m * b1 + g * (1 - b1)
+  v2 = v * b2 + g * g * (1 - b2)
+  p2 = p - lr * (m2 / (1 - b1)) / ((v2 / (1 - b2)).sqrt() + eps)
+  with fg.track() as t:
+    fg.realize(p2, m2, v2)
+  assert len(t.kernels) == 1
+  m_ref = m0 * b1 + g0 * (1 - b1)
+  v_ref = v0 * b2 + g0 * g0 * (1 - b2)
+  p_ref = p0 - lr * (m_ref / (1 - b1)) / (np.sqrt(v_ref / (1 - b2)) + eps)
+  np.testing.assert_allclose(m2.numpy(), m_ref, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(v2.numpy(), v_ref, rtol=1e-6, atol=1e-9)
+  np.testing.assert_allclose(p2.numpy(), p_ref, rtol=1e-5, atol=1e-6)

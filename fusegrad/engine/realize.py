@@ -1,7 +1,6 @@
 """Realize: schedule the graph behind some nodes, then compile and run each kernel in order."""
 from __future__ import annotations
 import time
-from fusegrad import dtype as dt
 from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.runtime import device as rd
@@ -13,6 +12,9 @@ def realize(*nodes: Node) -> None:
   for item in create_schedule(list(nodes)):
     out = item.outputs[0]
     dev = rd.get(out.device)
+    if item.kind == "KERNEL":
+      _run_kernel(item, dev)
+      continue
     if item.kind == "EMPTY":
       buf = rd.Buffer(dev, 0, out.dtype)
     elif item.kind == "COPY":
@@ -20,23 +22,27 @@ def realize(*nodes: Node) -> None:
       buf = rd.Buffer(dev, out.numel, out.dtype)
       if out.numel: buf.copyin(src.numpy())
       track.record_copy()
-    else:
-      k = item.kernel
-      for b in k.bufs:
-        if b.dtype not in dev.supported:
-          raise RuntimeError(f"device {dev.name} cannot run dtype {b.dtype.name}")
-      buf = rd.Buffer(dev, out.numel, out.dtype)
-      if out.numel:
-        program, src = dev.kernel_program(k)
-        handles = [buf.handle] + [i.buffer.handle for i in item.inputs]
-        timed = track.wants_timing()
-        t0 = time.perf_counter()
-        dev.launch(program, k, handles)
-        if timed:
-          dev.synchronize()
-          dt_s = time.perf_counter() - t0
-          nbytes = sum(b.size * b.dtype.itemsize for b in k.bufs)
-          track.record(track.KernelRecord(k.name, dev.name, src,
-                                          (k.global_size,), k.local_size, dt_s, k.flops, nbytes))
     out.buffer = buf
     gn.forget(out)
+
+
+def _run_kernel(item, dev) -> None:
+  k = item.kernel
+  for b in k.bufs:
+    if b.dtype not in dev.supported:
+      raise RuntimeError(f"device {dev.name} cannot run dtype {b.dtype.name}")
+  bufs = [rd.Buffer(dev, o.numel, o.dtype) for o in item.outputs]
+  if item.outputs[0].numel:
+    program, src = dev.kernel_program(k)
+    handles = [b.handle for b in bufs] + [i.buffer.handle for i in item.inputs]
+    timed = track.wants_timing()
+    t0 = time.perf_counter()
+    dev.launch(program, k, handles)
+    if timed:
+      dev.synchronize()
+      nbytes = sum(b.size * b.dtype.itemsize for b in k.bufs)
+      track.record(track.KernelRecord(k.name, dev.name, src, (k.global_size,), k.local_size,
+                                      time.perf_counter() - t0, k.flops, nbytes))
+  for o, b in zip(item.outputs, bufs):
+    o.buffer = b
+    gn.forget(o)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from fusegrad.graph.node import Node
 from fusegrad.codegen.lower import lower, NeedsRealize
-from fusegrad.codegen.ir import Kernel
+from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
 
 # lowering results by the structure of the fused subgraph (not its buffers): a training loop or
 # a benchmark that rebuilds the same graph each step lowers each kernel once
@@ -35,12 +35,13 @@ def _arg_key(arg):
   return ("nan",) if isinstance(arg, float) and math.isnan(arg) else (type(arg), arg) if isinstance(arg, (bool, int, float)) else arg
 
 
-def _signature(root: Node, is_boundary) -> tuple[tuple, list[Node], list[Node]]:
-  """The fused subgraph under root as a hashable structure, its boundary inputs in walk order, and
+def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[Node]]:
+  """The fused subgraph under roots as a hashable structure, its boundary inputs in walk order, and
   the node of each entry (for mapping a cached answer back onto this graph)."""
   index: dict[int, int] = {}
   entries, nodes, inputs = [], [], []
-  stack = [(root, False)]
+  root_ids = {id(r) for r in roots}
+  stack = [(r, False) for r in reversed(roots)]
   while stack:
     n, done = stack.pop()
     if done:
@@ -49,7 +50,7 @@ def _signature(root: Node, is_boundary) -> tuple[tuple, list[Node], list[Node]]:
       nodes.append(n)
       continue
     if id(n) in index: continue
-    if n is not root and (n.realized or is_boundary(n)):
+    if id(n) not in root_ids and (n.realized or is_boundary(n)):
       index[id(n)] = len(entries)
       entries.append(("IN", n.dtype, n.shape, n.device, len(inputs)))
       nodes.append(n)
@@ -57,15 +58,15 @@ def _signature(root: Node, is_boundary) -> tuple[tuple, list[Node], list[Node]]:
       continue
     stack.append((n, True))
     for s in reversed(n.src): stack.append((s, False))
-  return tuple(entries), inputs, nodes
+  return tuple(entries) + (tuple(index[id(r)] for r in roots),), inputs, nodes
 
 
-def lower_cached(n: Node, is_boundary) -> tuple[Kernel, list[Node]]:
-  key, inputs, nodes = _signature(n, is_boundary)
+def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
+  key, inputs, nodes = _signature(roots, is_boundary)
   hit = _lower_cache.get(key)
   if hit is None:
     try:
-      k, ins = lower([n], is_boundary)
+      k, ins = lower(roots, is_boundary)
       pos = {id(x): i for i, x in enumerate(inputs)}
       hit = ("ok", k, tuple(pos[id(x)] for x in ins))
     except NeedsRealize as e:
@@ -116,7 +117,7 @@ def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
     for n in order:
       if id(n) not in cut or n.op == "COPY" or n.numel == 0 or id(n) in lowered: continue
       try:
-        lowered[id(n)] = lower_cached(n, is_boundary)
+        lowered[id(n)] = lower_cached([n], is_boundary)
       except NeedsRealize as e:
         cut.add(id(e.node))
         changed = True
@@ -132,4 +133,48 @@ def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
     else:
       k, inputs = lowered[id(n)]
       items.append(ScheduleItem("KERNEL", [n], inputs, k))
-  return items
+  return _merge_elementwise(items, is_boundary)
+
+
+def _elementwise(k: Kernel) -> bool:
+  """No reductions (and no gathers, whose data must stay a buffer of its own)."""
+  return not any(isinstance(v, (Reduce, Gather)) for v in toposort([st.value for st in k.stores]))
+
+
+def _merge_elementwise(items: list[ScheduleItem], is_boundary) -> list[ScheduleItem]:
+  """Elementwise kernels of one shape where one reads another's output become one kernel with
+  several outputs (an optimizer's parameter, momentum and variance update in one pass)."""
+  producer = {id(it.outputs[0]): i for i, it in enumerate(items)}
+  parent = list(range(len(items)))
+  def find(i):
+    while parent[i] != i: i = parent[i]
+    return i
+  ok = lambda it: it.kind == "KERNEL" and _elementwise(it.kernel)
+  for i, it in enumerate(items):
+    if not ok(it): continue
+    for inp in it.inputs:
+      j = producer.get(id(inp))
+      if j is not None and ok(items[j]) and items[j].outputs[0].shape == it.outputs[0].shape and \
+         items[j].outputs[0].device == it.outputs[0].device:
+        parent[find(j)] = find(i)
+  groups: dict[int, list[int]] = {}
+  for i in range(len(items)): groups.setdefault(find(i), []).append(i)
+  merged: dict[int, ScheduleItem] = {}    # last member's position -> the merged kernel
+  skip: set[int] = set()
+  for g in groups.values():
+    if len(g) == 1: continue
+    members = {id(items[j].outputs[0]) for j in g}
+    # nothing outside the group may read a member before the merged kernel runs (at the last member)
+    if any(j not in g and any(id(x) in members for x in items[j].inputs) for j in range(min(g), max(g))): continue
+    outputs = [items[j].outputs[0] for j in g]
+    try:
+      k, inputs = lower_cached(outputs, lambda n: is_boundary(n) and id(n) not in members)
+    except NeedsRealize:
+      continue
+    merged[max(g)] = ScheduleItem("KERNEL", outputs, inputs, k)
+    skip.update(g)
+  out = []
+  for i, it in enumerate(items):
+    if i in merged: out.append(merged[i])
+    elif i not in skip: out.append(it)
+  return out
