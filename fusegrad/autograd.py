@@ -86,7 +86,8 @@ def _alu_rule(op, inputs, out, g):
   if op == "ABS": return (g * a.sign(),)
   if op in ("FLOOR", "CEIL", "RINT", "TRUNC"): return (g * 0,)
   if op == "POW":
-    return (g * b * a.pow(b - 1), where(a > 0, g * out * where(a > 0, a, 1).log(), where(a == 0, 0.0, float("nan"))))
+    da = where(b == 0, 0.0, g * b * a.pow(b - 1))   # d/da a^0 is 0, also at a = 0
+    return da, where(a > 0, g * out * where(a > 0, a, 1).log(), where(a == 0, 0.0, float("nan")))
   if op == "MOD": return g, -g * (a / b).trunc()
   if op in ("MAX", "MIN"):
     # ties split the gradient equally, as torch.maximum/minimum do

@@ -1244,7 +1244,7 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool
   i = Tensor(_node=gn.iota(n, dt.int64 if d.is_int else d, dev))
   out = (i * step + start) if (step != 1 or start != 0) else i
   out = out._cast(d)
-  out.requires_grad = requires_grad
+  if requires_grad: out.requires_grad_()
   return out
 
 
@@ -1317,7 +1317,7 @@ def rand(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
   bits = _random_bits(n, dev)
   u = (bits >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
   out = u._cast(d).reshape(size)
-  out.requires_grad = requires_grad
+  if requires_grad: out.requires_grad_()
   return out
 
 
@@ -1332,7 +1332,7 @@ def randn(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor
   u1, u2 = 1.0 - u[0], u[1]     # u1 in (0, 1]: log is finite
   z = (-2.0 * u1.log()).sqrt() * (2 * math.pi * u2).cos()
   out = z._cast(d).reshape(size)
-  out.requires_grad = requires_grad
+  if requires_grad: out.requires_grad_()
   return out
 
 

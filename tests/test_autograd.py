@@ -1,0 +1,422 @@
+"""Gradients against PyTorch (CPU), on every device, on fresh random inputs.
+
+Each case of the table below is one function written once for both libraries (`L` is fusegrad's or
+torch's namespace; `L.c(array)` makes a constant such as an index tensor), the shapes of its inputs and
+the domain they are drawn from. The test runs the function on fusegrad float32 inputs that require grad,
+calls `out.backward(g)` with a random `g`, and compares every input's `.grad` with torch's gradient of
+the same function on the same values in float64. Domain "ties" draws small integers, so that maxima,
+minima, clamp bounds and the kinks of relu/abs are hit exactly: the tie rules must be torch's.
+The rest of the file pins the autograd API (accumulation, detach, no_grad, fusegrad.grad, errors) and
+the kernel counts of a few backward passes.
+"""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import fusegrad as fg
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+# ---- inputs ---------------------------------------------------------------------------------------------------
+
+TIES = (0, 2, -2, 2, -2, 1, -1)
+
+
+def draw(rng, shape, dom: str = "real") -> np.ndarray:
+  """float32 values of a domain: real (-3, 3), pos (0.5, 3), unit (-0.9, 0.9), nz (+-[0.5, 2]), ties (ints -2..2)"""
+  if dom == "ties":   # the fixed prefix makes sure of a zero, of ties for max and min, and of values at +-1
+    a = rng.integers(-2, 3, size=shape).astype(np.float32)
+    k = min(a.size, len(TIES))
+    a.reshape(-1)[:k] = TIES[:k]
+    return a
+  if dom == "nz": return (rng.choice([-1, 1], size=shape) * rng.uniform(0.5, 2, size=shape)).astype(np.float32)
+  lo, hi = {"real": (-3, 3), "pos": (0.5, 3), "unit": (-0.9, 0.9)}[dom]
+  return rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+class FG:
+  """fusegrad's namespace, with constants made on the device under test"""
+  def __init__(self, device): self.device = device
+  def c(self, a): return fg.tensor(np.asarray(a), device=self.device)
+  def __getattr__(self, name): return getattr(fg, name)
+
+
+class TH:
+  def c(self, a): return torch.tensor(np.asarray(a))
+  def __getattr__(self, name): return getattr(torch, name)
+
+
+def compare(got: fg.Tensor | None, want: torch.Tensor, like: fg.Tensor, label: str, tol: float = 1.0) -> None:
+  assert got is not None, f"{label}: .grad is None, torch has a gradient"
+  assert isinstance(got, fg.Tensor), f"{label}: .grad is a {type(got).__name__}"
+  assert got.shape == like.shape, f"{label}: grad shape {got.shape}, input shape {like.shape}"
+  assert got.dtype == like.dtype, f"{label}: grad dtype {got.dtype.name}, input dtype {like.dtype.name}"
+  assert got.device == like.device, f"{label}: grad on {got.device}, input on {like.device}"
+  exp = want.double().numpy()
+  scale = max(1.0, float(np.abs(exp).max())) if exp.size else 1.0
+  np.testing.assert_allclose(got.double().numpy() if got.dtype == fg.float16 else got.numpy(), exp,
+                             rtol=RTOL * tol, atol=ATOL * tol * scale, err_msg=label)
+
+
+# ---- the table ----------------------------------------------------------------------------------------------
+
+class Case:
+  def __init__(self, name, fn, shapes, dom="real", tfn=None, tol=1.0, dtypes=None, native=False):
+    """fn(L, *inputs); tfn the torch spelling where it differs; dom one domain or one per input; native: torch
+    computes in the inputs' dtypes (casts), not float64"""
+    self.name, self.fn, self.tfn, self.shapes, self.tol, self.native = name, fn, tfn or fn, shapes, tol, native
+    self.doms = [dom] * len(shapes) if isinstance(dom, str) else list(dom)
+    self.dtypes = dtypes or ["float32"] * len(shapes)
+
+
+A, B, V, C3 = (3, 4), (4, 5), (4,), (2, 3, 4)
+IDX = [0, 2, 2, 1, 0]           # repeated rows: their gradients must add up
+CASES = [
+  # binary, broadcasting, python scalars (reflected too)
+  Case("add", lambda L, x, y: x + y, [A, A]),
+  Case("add_bcast", lambda L, x, y: x + y, [(3, 1), (1, 4)]),
+  Case("add_bcast_rank", lambda L, x, y: x.add(y), [C3, V]),
+  Case("add_alpha", lambda L, x, y: x.add(y, alpha=2.5), [A, V]),
+  Case("sub", lambda L, x, y: x - y, [A, (3, 1)]),
+  Case("mul", lambda L, x, y: x * y, [A, A]),
+  Case("mul_bcast", lambda L, x, y: x * y, [C3, (3, 1)]),
+  Case("mul_0d", lambda L, x, s: x * s, [A, ()]),
+  Case("mul_self", lambda L, x: x * x, [A]),
+  Case("div", lambda L, x, y: x / y, [A, A], dom=["real", "nz"]),
+  Case("div_bcast", lambda L, x, y: x / y, [(3, 1), V], dom=["real", "nz"]),
+  Case("mixed_dtypes", lambda L, x, y: x * y, [A, V], dtypes=["float32", "float64"]),
+  Case("scalars", lambda L, x: (x + 2.5) * -1.5 - 0.5, [A]),
+  Case("scalars_reflected", lambda L, x: 2.5 - (3 * (1 + x)), [A]),
+  Case("div_scalar", lambda L, x: x / 3.0, [A]),
+  Case("rdiv_scalar", lambda L, x: 3.0 / x, [A], dom="nz"),
+  # unary
+  Case("neg", lambda L, x: -x, [A]),
+  Case("exp", lambda L, x: x.exp(), [A]),
+  Case("exp2", lambda L, x: x.exp2(), [A]),
+  Case("expm1", lambda L, x: x.expm1(), [A]),
+  Case("log", lambda L, x: x.log(), [A], dom="pos"),
+  Case("log2", lambda L, x: x.log2(), [A], dom="pos"),
+  Case("log10", lambda L, x: x.log10(), [A], dom="pos"),
+  Case("log1p", lambda L, x: x.log1p(), [A], dom="unit"),
+  Case("sqrt", lambda L, x: x.sqrt(), [A], dom="pos"),
+  Case("rsqrt", lambda L, x: x.rsqrt(), [A], dom="pos"),
+  Case("sin", lambda L, x: x.sin(), [A]),
+  Case("cos", lambda L, x: x.cos(), [A]),
+  Case("tan", lambda L, x: x.tan(), [A], dom="unit"),
+  Case("tanh", lambda L, x: x.tanh(), [A]),
+  Case("erf", lambda L, x: x.erf(), [A]),
+  Case("sigmoid", lambda L, x: x.sigmoid(), [A]),
+  Case("relu", lambda L, x: x.relu(), [A]),
+  Case("relu_at_0", lambda L, x: x.relu(), [A], dom="ties"),                  # torch: 0 at x == 0
+  Case("gelu", lambda L, x: x.gelu(), [A], tfn=lambda L, x: F.gelu(x)),
+  Case("gelu_tanh", lambda L, x: x.gelu(approximate="tanh"), [A], tfn=lambda L, x: F.gelu(x, approximate="tanh")),
+  Case("silu", lambda L, x: x.silu(), [A], tfn=lambda L, x: F.silu(x)),
+  Case("elu", lambda L, x: x.elu(0.7), [A], dom="ties", tfn=lambda L, x: F.elu(x, 0.7)),
+  Case("elu_real", lambda L, x: x.elu(), [A], tfn=lambda L, x: F.elu(x)),
+  Case("leaky_relu", lambda L, x: x.leaky_relu(0.1), [A], dom="ties", tfn=lambda L, x: F.leaky_relu(x, 0.1)),
+  Case("softplus", lambda L, x: x.softplus(), [A], tfn=lambda L, x: F.softplus(x)),
+  Case("softplus_threshold", lambda L, x: x.softplus(beta=2.0, threshold=1.0), [A],
+       tfn=lambda L, x: F.softplus(x, beta=2.0, threshold=1.0)),
+  Case("abs", lambda L, x: x.abs(), [A], dom="ties"),                         # torch: 0 at x == 0
+  Case("reciprocal", lambda L, x: x.reciprocal(), [A], dom="nz"),
+  Case("square", lambda L, x: x.square(), [A]),
+  # pow
+  Case("pow_2", lambda L, x: x ** 2, [A]),
+  Case("pow_3", lambda L, x: x ** 3, [A]),
+  Case("pow_int_at_0", lambda L, x: (x ** 0) + (x ** 1) * 2 + (x ** 2) * 3 + (x ** 3) * 4, [A], dom="ties"),
+  Case("pow_half", lambda L, x: x ** 0.5, [A], dom="pos"),
+  Case("pow_neg_frac", lambda L, x: x ** -1.5, [A], dom="pos"),
+  Case("pow_neg_int", lambda L, x: x ** -2, [A], dom="nz"),
+  Case("pow_scalar_base", lambda L, x: 2.5 ** x, [A]),
+  Case("pow_scalar_base_lt1", lambda L, x: 0.5 ** x, [A]),
+  Case("pow_tensor", lambda L, x, y: x ** y, [A, A], dom=["pos", "real"]),
+  Case("pow_tensor_bcast", lambda L, x, y: x.pow(y), [(3, 1), V], dom=["pos", "real"]),
+  # maximum, minimum, clamp, where, lerp
+  Case("maximum", lambda L, x, y: L.maximum(x, y), [A, A]),
+  Case("maximum_ties", lambda L, x, y: L.maximum(x, y), [A, A], dom="ties"),   # torch: half to each
+  Case("minimum_ties", lambda L, x, y: L.minimum(x, y), [A, A], dom="ties"),
+  Case("maximum_ties_bcast", lambda L, x, y: x.maximum(y), [A, V], dom="ties"),
+  Case("clamp", lambda L, x: x.clamp(-1.0, 1.5), [A]),
+  Case("clamp_at_bounds", lambda L, x: x.clamp(-1, 1), [A], dom="ties"),       # torch: bounds are inside
+  Case("clamp_min", lambda L, x: x.clamp(min=0.0), [A], dom="ties"),
+  Case("clamp_max", lambda L, x: x.clamp(max=1.0), [A], dom="ties"),
+  Case("clamp_tensor_bounds", lambda L, x, lo, hi: x.clamp(lo, hi + 3.5), [A, V, (3, 1)]),
+  Case("where", lambda L, x, y: L.where(x > 0, x * 2, y), [A, V]),
+  Case("where_scalar", lambda L, x: L.where(x < 1, x.exp(), 0.5), [A]),
+  Case("lerp", lambda L, x, y: x.lerp(y, 0.3), [A, A]),
+  Case("lerp_tensor_weight", lambda L, x, y, w: x.lerp(y, w), [A, V, (3, 1)]),
+  # reductions
+  Case("sum", lambda L, x: x.sum(), [A]),
+  Case("sum_dim", lambda L, x: x.sum(1), [C3]),
+  Case("sum_dims_keepdim", lambda L, x: x.sum((0, 2), keepdim=True), [C3]),
+  Case("mean", lambda L, x: x.mean(), [A]),
+  Case("mean_dim", lambda L, x: x.mean(-1, keepdim=True), [C3]),
+  Case("var", lambda L, x: x.var(), [A], tol=10),
+  Case("var_dim_corr0", lambda L, x: x.var(1, correction=0), [C3], tol=10),
+  Case("std", lambda L, x: x.std(0), [A], tol=10),
+  Case("prod", lambda L, x: x.prod(), [A], dom="nz"),
+  Case("prod_dim", lambda L, x: x.prod(1, keepdim=True), [C3], dom="nz"),
+  Case("amax", lambda L, x: x.amax(1), [(5, 6)], dom="ties"),                # torch: evenly among ties
+  Case("amax_dims", lambda L, x: x.amax((0, 2)), [C3], dom="ties"),
+  Case("amax_all", lambda L, x: x.amax(), [A], dom="ties"),
+  Case("amin", lambda L, x: x.amin(0, keepdim=True), [(5, 6)], dom="ties"),
+  Case("max_all", lambda L, x: x.max(), [A], dom="ties"),                     # torch: evenly among ties
+  Case("min_all", lambda L, x: x.min(), [A], dom="ties"),
+  Case("max_dim", lambda L, x: x.max(1).values, [(5, 6)], dom="ties"),       # torch: to the returned index
+  Case("max_dim_keepdim", lambda L, x: x.max(0, keepdim=True)[0], [(5, 6)], dom="ties"),
+  Case("min_dim", lambda L, x: x.min(-1)[0], [(5, 6)], dom="ties"),
+  Case("max_dim_distinct", lambda L, x: x.max(1).values, [C3]),
+  Case("logsumexp", lambda L, x: x.logsumexp(1), [C3]),
+  Case("logsumexp_dims", lambda L, x: x.logsumexp((0, 2), keepdim=True), [C3]),
+  Case("softmax", lambda L, x: x.softmax(-1), [C3]),
+  Case("softmax_dim0", lambda L, x: x.softmax(0), [A]),
+  Case("log_softmax", lambda L, x: x.log_softmax(-1), [C3]),
+  Case("log_softmax_dim1", lambda L, x: x.log_softmax(1), [C3]),
+  Case("cumsum", lambda L, x: x.cumsum(1), [A]),
+  Case("cumsum_dim0", lambda L, x: x.cumsum(0), [C3]),
+  # movement
+  Case("reshape", lambda L, x: x.reshape(4, 3) * L.c(np.arange(12.0, dtype=np.float32).reshape(4, 3)), [A]),
+  Case("permute", lambda L, x: x.permute(2, 0, 1), [C3]),
+  Case("transpose", lambda L, x: x.transpose(0, 2), [C3]),
+  Case("T", lambda L, x, y: x.T * y, [A, (4, 3)]),
+  Case("expand", lambda L, x: x.expand(3, 4), [(3, 1)]),
+  Case("expand_rank", lambda L, x: x.expand(2, 3, 4), [V]),
+  Case("squeeze_unsqueeze", lambda L, x: x.unsqueeze(1).squeeze(2).unsqueeze(-1), [(3, 1, 4)]),
+  Case("flatten", lambda L, x: x.flatten(1), [C3]),
+  Case("flip", lambda L, x: x.flip(0, 2), [C3]),
+  Case("pad", lambda L, x: x.pad((1, 2, 0, 1), value=1.5), [A], tfn=lambda L, x: F.pad(x, (1, 2, 0, 1), value=1.5)),
+  Case("pad_negative", lambda L, x: x.pad((-1, 2, 1, -1)), [A], tfn=lambda L, x: F.pad(x, (-1, 2, 1, -1))),
+  Case("slice_steps", lambda L, x: x[::2, 1:], [A]),
+  Case("slice_neg_step", lambda L, x: x[::-1, 3:0:-2], [A], tfn=lambda L, x: x.flip(0)[:, 1:4:2].flip(1)),  # torch: no
+  Case("slice_neg_step_3d", lambda L, x: x[:, ::-2][..., ::-3], [C3],                                       # negative steps
+       tfn=lambda L, x: x.flip(1)[:, ::2].flip(2)[..., ::3]),
+  Case("slice_int_ellipsis", lambda L, x: x[1, ..., -1] * x[None, 0, 0:3, 2], [C3]),
+  Case("narrow_select", lambda L, x: x.narrow(1, 1, 2).select(0, 2), [A]),
+  Case("index_repeated", lambda L, x: x[L.c(IDX)], [A]),
+  Case("index_2d_idx", lambda L, x: x[L.c([[0, 2, 2], [1, 1, 0]])], [A]),
+  Case("index_dim1", lambda L, x: x[:, L.c([3, 1, 3, 3])], [A]),
+  Case("index_pairs", lambda L, x: x[L.c([1, 1, 0, 2]), L.c([2, 2, 3, 0])], [A]),
+  Case("cat", lambda L, x, y: L.cat([x, y, x], 0), [A, (2, 4)]),
+  Case("cat_dim1", lambda L, x, y: L.cat([y, x], 1), [A, (3, 2)]),
+  Case("stack", lambda L, x, y: L.stack([x, y, y], 1), [A, A]),
+  Case("split", lambda L, x: (lambda a, b, c: L.cat([c, a], 1))(*x.split([1, 2, 1], 1)), [A]),  # b unused
+  Case("split_size", lambda L, x: x.split(2, 0)[1] * 3, [(5, 4)]),
+  Case("chunk", lambda L, x: (lambda a, b: b - a)(*x.chunk(2, 1)), [A]),
+  Case("unbind", lambda L, x: (lambda a, b, c: a * c)(*x.unbind(0)), [A]),
+  Case("repeat", lambda L, x: x.repeat(2, 1, 3), [A]),
+  Case("tile", lambda L, x: x.tile(2), [A]),
+  Case("tril", lambda L, x: x.tril(), [(4, 4)]),
+  Case("triu", lambda L, x: x.triu(1), [A]),
+  # matmul, einsum
+  Case("matmul", lambda L, x, y: x @ y, [A, B], tol=3),
+  Case("matmul_batched", lambda L, x, y: x @ y, [C3, (2, 4, 5)], tol=3),
+  Case("matmul_bcast", lambda L, x, y: x @ y, [C3, B], tol=3),
+  Case("matmul_bcast_left", lambda L, x, y: x.matmul(y), [A, (2, 4, 5)], tol=3),
+  Case("matmul_vec_mat", lambda L, x, y: x @ y, [V, B], tol=3),
+  Case("matmul_mat_vec", lambda L, x, y: x @ y, [A, V], tol=3),
+  Case("matmul_dot", lambda L, x, y: x @ y, [V, V], tol=3),
+  Case("einsum_mm", lambda L, x, y: L.einsum("ij,jk->ik", x, y), [A, B], tol=3),
+  Case("einsum_bmm", lambda L, x, y: L.einsum("bij,bjk->bik", x, y), [C3, (2, 4, 5)], tol=3),
+  Case("einsum_outer", lambda L, x, y: L.einsum("i,j->ij", x, y), [V, (3,)]),
+  Case("einsum_diag", lambda L, x: L.einsum("ii->i", x), [(4, 4)]),
+  Case("einsum_trace_sum", lambda L, x, y: L.einsum("bij,ij->j", x, y), [C3, A], tol=3),
+  # casts between float dtypes
+  Case("double", lambda L, x: x.double().exp() * 2, [A], native=True),
+  Case("float_of_double", lambda L, x: x.float() * 2, [A], dtypes=["float64"], native=True),
+  Case("half", lambda L, x: (x.half() * 2).float().sin(), [A], native=True, tol=100),
+  # compositions
+  Case("mlp", lambda L, x, w1, w2: (x @ w1).relu() @ w2, [A, B, (5, 2)], tol=3),
+  Case("layernorm", lambda L, x: (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, correction=0) + 1e-5).sqrt(),
+       [C3], tol=30),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_grad(device, rng, case):
+  arrs = [draw(rng, s, d).astype(t) for s, d, t in zip(case.shapes, case.doms, case.dtypes)]
+  xs = [fg.tensor(a, device=device, requires_grad=True) for a in arrs]
+  out = case.fn(FG(device), *xs)
+  txs = [torch.tensor(a, dtype=getattr(torch, t) if case.native else torch.float64, requires_grad=True)
+         for a, t in zip(arrs, case.dtypes)]
+  tout = case.tfn(TH(), *txs)
+  assert out.shape == tuple(tout.shape), f"{case.name}: forward shape {out.shape}, torch {tuple(tout.shape)}"
+  assert out.requires_grad, f"{case.name}: the result does not require grad"
+  g = draw(rng, out.shape)
+  out.backward(fg.tensor(g, dtype=out.dtype, device=device))
+  tout.backward(torch.tensor(g, dtype=tout.dtype))
+  fg.realize(*[x.grad for x in xs if x.grad is not None])
+  for i, (x, tx) in enumerate(zip(xs, txs)):
+    compare(x.grad, tx.grad, x, f"{case.name}: d/d input {i}", case.tol)
+
+
+# ---- the autograd API -------------------------------------------------------------------------------------------
+
+def pair(rng, device, shape=A, dom="real"):
+  a = draw(rng, shape, dom)
+  return fg.tensor(a, device=device, requires_grad=True), torch.tensor(a, dtype=torch.float64, requires_grad=True)
+
+
+def test_accumulates_across_backward_calls(device, rng):
+  (x, tx), (y, ty) = pair(rng, device), pair(rng, device, V)
+  for a, b in ((x, y), (tx, ty)):
+    (a * b).sum().backward()
+    (a.exp() * 2).sum().backward()
+  compare(x.grad, tx.grad, x, "x after two calls")
+  compare(y.grad, ty.grad, y, "y after two calls")
+  x.grad = None
+  tx.grad = None
+  for a in (x, tx): (a * a).sum().backward()
+  compare(x.grad, tx.grad, x, "x after .grad = None and a third call")
+  assert y.grad is not None and np.allclose(y.grad.numpy(), ty.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_backward_with_gradient_on_non_scalar(device, rng):
+  (x, tx), g = pair(rng, device), draw(rng, (2, 3, 4))
+  out = x.sin() * fg.tensor(np.arange(1.0, 3.0, dtype=np.float32).reshape(2, 1, 1), device=device)
+  tout = tx.sin() * torch.tensor([[[1.0]], [[2.0]]], dtype=torch.float64)
+  out.backward(fg.tensor(g, device=device))
+  tout.backward(torch.tensor(g, dtype=torch.float64))
+  compare(x.grad, tx.grad, x, "backward(gradient)")
+
+
+def test_backward_non_scalar_without_gradient_raises(device, rng):
+  x, _ = pair(rng, device)
+  with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
+    (x * 2).backward()
+  assert x.grad is None
+
+
+def test_detach_stops_gradients(device, rng):
+  (x, tx) = pair(rng, device)
+  d = x.detach()
+  assert not d.requires_grad and x.requires_grad
+  np.testing.assert_array_equal(d.numpy(), x.numpy())
+  for a in (x, tx): (a.detach() * a + a.detach().exp()).sum().backward()
+  compare(x.grad, tx.grad, x, "detach")              # d/dx = x, not 2x
+  z = fg.tensor(draw(rng, A), device=device, requires_grad=True)
+  w = (z.detach() * 3).sum()
+  assert not w.requires_grad
+
+
+def test_no_grad(device, rng):
+  x, _ = pair(rng, device)
+  with fg.no_grad():
+    y = x * 2 + 1
+    assert not y.requires_grad
+    assert not x.exp().sum().requires_grad
+  assert x.requires_grad, "no_grad must not change the leaf"
+  z = x * 2
+  assert z.requires_grad, "no_grad must end with its block"
+  np.testing.assert_allclose(y.numpy(), x.numpy() * 2 + 1, rtol=1e-6)
+  (z + y).sum().backward()                           # y is a constant here
+  np.testing.assert_array_equal(x.grad.numpy(), np.full(A, 2, np.float32))
+
+
+def test_requires_grad_flags(device, rng):
+  a = draw(rng, A)
+  x = fg.tensor(a, device=device)
+  assert not x.requires_grad and not (x * 2).requires_grad
+  assert x.requires_grad_() is x and x.requires_grad
+  c = fg.tensor(a, device=device)                    # no grad: gets none, and does not block x's
+  (x * c).sum().backward()
+  assert c.grad is None
+  np.testing.assert_array_equal(x.grad.numpy(), a)
+  assert not x.grad.requires_grad, "a gradient is data: it does not require grad"
+  assert fg.zeros(2, 3, device=device, requires_grad=True).requires_grad
+  assert fg.ones(4, device=device, requires_grad=True).requires_grad
+  assert fg.randn(3, device=device, requires_grad=True).requires_grad
+  assert x.requires_grad_(False) is x and not x.requires_grad
+  assert not (x > 0).requires_grad and not x.argmax().requires_grad   # integer/bool results never do
+
+
+def test_integer_tensors_cannot_require_grad(device):
+  for d in ("int32", "int64", "bool"):
+    with pytest.raises(RuntimeError, match="(?i)only Tensors of floating point"):
+      fg.tensor([1, 0, 1], dtype=d, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="(?i)only Tensors of floating point"):
+      fg.tensor([1, 0, 1], dtype=d, device=device).requires_grad_()
+  with pytest.raises(RuntimeError, match="(?i)only Tensors of floating point"):
+    fg.arange(4, device=device, requires_grad=True)
+
+
+def test_functional_grad(device, rng):
+  (x, tx), (y, ty) = pair(rng, device), pair(rng, device, V)
+  g = draw(rng, A)
+  got = fg.grad(x * y.sin() + x, (x, y), grad_outputs=fg.tensor(g, device=device))
+  want = torch.autograd.grad(tx * ty.sin() + tx, (tx, ty), grad_outputs=torch.tensor(g, dtype=torch.float64))
+  assert isinstance(got, tuple) and len(got) == 2
+  for i, (a, b, like) in enumerate(zip(got, want, (x, y))): compare(a, b, like, f"fusegrad.grad input {i}")
+  assert x.grad is None and y.grad is None, "fusegrad.grad must not touch .grad"
+  # a scalar output with no grad_outputs, one input given alone, and an intermediate as the input
+  got = fg.grad((x * x).sum(), x)
+  assert isinstance(got, tuple) and len(got) == 1
+  np.testing.assert_allclose(got[0].numpy(), 2 * x.numpy(), rtol=1e-6)
+  h = x.exp()
+  (gh,) = fg.grad((h * h).sum(), [h])
+  np.testing.assert_allclose(gh.numpy(), 2 * np.exp(x.numpy().astype(np.float64)), rtol=RTOL)
+  assert x.grad is None and h.grad is None
+
+
+def test_tensor_used_twice_sums_paths(device, rng):
+  (x, tx) = pair(rng, device)
+  for a in (x, tx):
+    b = a * 2                                          # a diamond: b feeds two branches that meet again
+    (b.sin() * b + a.exp() * a.T.sum(0, keepdim=True).T - a[:, :1]).sum().backward()
+  compare(x.grad, tx.grad, x, "diamond")
+
+
+def test_backward_of_intermediate_leaves_stop(device, rng):
+  """.grad lands on leaves; an input that does not reach the output keeps .grad None"""
+  (x, tx), (y, _) = pair(rng, device), pair(rng, device)
+  (x.tanh() * 2).mean().backward()
+  tx.tanh().mul(2).mean().backward()
+  compare(x.grad, tx.grad, x, "tanh mean")
+  assert y.grad is None
+
+
+def test_large_inputs_cpu_threads_and_split_reduce(device, rng):
+  """shapes big enough for several CPU threads, register blocking and a split reduction"""
+  n, k, m = (67, 129, 33) if device != "PYTHON" else (5, 9, 3)
+  (x, tx), (w, tw) = pair(rng, device, (n, k)), pair(rng, device, (k, m))
+  for a, b in ((x, w), (tx, tw)): ((a @ b).tanh().sum() + (a * a).sum() * 1e-3).backward()
+  compare(x.grad, tx.grad, x, "big x", tol=3)
+  compare(w.grad, tw.grad, w, "big w", tol=3)
+
+
+# ---- kernel counts (CPU) ------------------------------------------------------------------------------------------
+
+def leaf(rng, shape, dom="real"):
+  return fg.tensor(draw(rng, shape, dom), device="CPU", requires_grad=True).realize()
+
+
+def count(*tensors) -> int:
+  with fg.track() as t:
+    fg.realize(*tensors)
+  return len(t.kernels)
+
+
+def test_kernels_mul_sum_backward(rng):
+  x, y = leaf(rng, (64, 65)), leaf(rng, (64, 65))
+  (x * y).sum().backward()
+  assert count(x.grad, y.grad) <= 2
+  np.testing.assert_array_equal(x.grad.numpy(), y.numpy())
+
+
+def test_kernels_elementwise_chain_backward(rng):
+  x, y = leaf(rng, (64, 65)), leaf(rng, (64, 65))
+  ((x.exp() * y).sin() + x.tanh()).mean().backward()
+  assert count(x.grad, y.grad) <= 2
+
+
+def test_kernels_softmax_backward(rng):
+  x, w = leaf(rng, (64, 65)), leaf(rng, (64, 65))
+  (x.softmax(-1) * w).sum().backward()
+  assert count(x.grad) <= 2      # max, sum and the dot of g with softmax are all row reductions
+
+
+def test_kernels_matmul_backward(rng):
+  x, w = leaf(rng, (64, 48)), leaf(rng, (48, 32))
+  (x @ w).relu().sum().backward()
+  assert count(x.grad, w.grad) <= 3   # the forward matmul (for relu's mask), then one matmul per gradient
