@@ -49,3 +49,5 @@ def realize(*tensors: Tensor) -> None:
   """Realize several tensors in one schedule."""
   from fusegrad.engine.realize import realize as _r
   _r(*[t.node for t in tensors])
+
+from fusegrad import optim  # noqa: E402  (optimizers use the names above)

@@ -56,7 +56,7 @@ def compare(got: fg.Tensor | None, want: torch.Tensor, like: fg.Tensor, label: s
   assert got.device == like.device, f"{label}: grad on {got.device}, input on {like.device}"
   exp = want.double().numpy()
   scale = max(1.0, float(np.abs(exp).max())) if exp.size else 1.0
-  np.testing.assert_allclose(got.double().numpy() if got.dtype == fg.float16 else got.numpy(), exp,
+  np.testing.assert_allclose(got.float().numpy() if got.dtype in (fg.float16, fg.bfloat16) else got.numpy(), exp,
                              rtol=RTOL * tol, atol=ATOL * tol * scale, err_msg=label)
 
 
@@ -226,7 +226,12 @@ CASES = [
   Case("double", lambda L, x: x.double().exp() * 2, [A], native=True),
   Case("float_of_double", lambda L, x: x.float() * 2, [A], dtypes=["float64"], native=True),
   Case("half", lambda L, x: (x.half() * 2).float().sin(), [A], native=True, tol=100),
+  Case("cumprod", lambda L, x: x.cumprod(1), [A], dom="nz"),
+  Case("empty", lambda L, x: x.exp().sum(0), [(0, 3)]),
+  Case("half_leaf", lambda L, x: (x * x).float() * 3, [A], dtypes=["float16"], native=True, tol=100),
   # compositions
+  Case("cross_entropy", lambda L, x: -(x.log_softmax(-1)[L.c([0, 1, 2]), L.c([3, 0, 3])]).mean(), [A],
+       tfn=lambda L, x: F.cross_entropy(x, torch.tensor([3, 0, 3]))),
   Case("mlp", lambda L, x, w1, w2: (x @ w1).relu() @ w2, [A, B, (5, 2)], tol=3),
   Case("layernorm", lambda L, x: (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, correction=0) + 1e-5).sqrt(),
        [C3], tol=30),
@@ -300,6 +305,13 @@ def test_detach_stops_gradients(device, rng):
   assert not w.requires_grad
 
 
+def test_no_grad_decorator(device, rng):
+  @fg.no_grad()
+  def f(t): return t * 2
+  x, _ = pair(rng, device)
+  assert not f(x).requires_grad and (x * 2).requires_grad
+
+
 def test_no_grad(device, rng):
   x, _ = pair(rng, device)
   with fg.no_grad():
@@ -329,6 +341,18 @@ def test_requires_grad_flags(device, rng):
   assert fg.randn(3, device=device, requires_grad=True).requires_grad
   assert x.requires_grad_(False) is x and not x.requires_grad
   assert not (x > 0).requires_grad and not x.argmax().requires_grad   # integer/bool results never do
+  w = fg.randn(3, 4, device=device, requires_grad=True)               # a leaf, as in torch
+  (w * 2).sum().backward()
+  np.testing.assert_array_equal(w.grad.numpy(), np.full((3, 4), 2, np.float32))
+  h = w * 3                                                           # not a leaf: torch keeps its .grad None
+  h.sum().backward()
+  assert h.grad is None
+  np.testing.assert_array_equal(w.grad.numpy(), np.full((3, 4), 5, np.float32))
+  w.grad = fg.ones(3, 4, device=device)                               # a .grad set by hand is accumulated into
+  w.sum().backward()
+  np.testing.assert_array_equal(w.grad.numpy(), np.full((3, 4), 2, np.float32))
+  with pytest.raises(RuntimeError, match="does not require grad"):
+    fg.tensor(a, device=device).sum().backward()
 
 
 def test_integer_tensors_cannot_require_grad(device):
@@ -353,6 +377,9 @@ def test_functional_grad(device, rng):
   got = fg.grad((x * x).sum(), x)
   assert isinstance(got, tuple) and len(got) == 1
   np.testing.assert_allclose(got[0].numpy(), 2 * x.numpy(), rtol=1e-6)
+  assert not got[0].requires_grad
+  with pytest.raises(RuntimeError, match="allow_unused"):             # torch: an input the output does not use
+    fg.grad((x * 2).sum(), [x, y])
   h = x.exp()
   (gh,) = fg.grad((h * h).sum(), [h])
   np.testing.assert_allclose(gh.numpy(), 2 * np.exp(x.numpy().astype(np.float64)), rtol=RTOL)
@@ -385,6 +412,66 @@ def test_large_inputs_cpu_threads_and_split_reduce(device, rng):
   compare(w.grad, tw.grad, w, "big w", tol=3)
 
 
+def test_inplace_ops_on_non_leaf(device, rng):
+  """torch records in-place ops on tensors that are not leaves (h += b is common in models)"""
+  (x, tx), (b, tb) = pair(rng, device), pair(rng, device, V)
+  for a, c in ((x, b), (tx, tb)):
+    y = a * 2
+    y *= a
+    y += c
+    y.mul_(1.5)
+    y.sub_(c.exp())
+    y.sum().backward()
+  compare(x.grad, tx.grad, x, "in-place x")
+  compare(b.grad, tb.grad, b, "in-place b")
+  with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+    x += 1
+
+
+def test_setitem_on_non_leaf(device, rng):
+  (x, tx), (v, tv) = pair(rng, device), pair(rng, device, V)
+  for a, w in ((x, v), (tx, tv)):
+    y = a * 1
+    y[0] = 0.0
+    y[:, 1] = y[:, 1] * 5
+    y[2] = w.exp()
+    y[y > 2.5] = 0.0
+    (y * y).sum().backward()
+  compare(x.grad, tx.grad, x, "setitem x")
+  compare(v.grad, tv.grad, v, "setitem value")
+
+
+def test_grad_through_copy_to_another_device(device, rng):
+  (x, tx) = pair(rng, device)
+  other = "PYTHON" if device != "PYTHON" else "CPU"
+  (x.to(other).sin() * 3).sum().backward()
+  (tx.sin() * 3).sum().backward()
+  compare(x.grad, tx.grad, x, f"{device} -> {other}")
+
+
+def test_split_reductions(device, rng):
+  """reductions big enough to run as two kernels (partials, then the total): ties of a max spread unevenly over
+  the partials still share the gradient evenly, as torch's amax/max do"""
+  n = (1 << 15) + 3 if device == "PYTHON" else (1 << 18) + 3
+  a = draw(rng, (n,), "unit")
+  a[[5, n - 10, n - 9, n - 8]] = 1.0                  # one tie in the first partial, three in the last
+  a[[7, n - 2, n - 1]] = -1.0
+  fns = {"amax": lambda t: t.amax(), "max": lambda t: t.max(), "amin": lambda t: t.amin(),
+         "amax_dim": lambda t: t.reshape(1, n).amax(1, keepdim=True), "max_dim": lambda t: t.max(0)[0],
+         "sum": lambda t: (t * t).sum() / n, "mean": lambda t: t.exp().mean()}
+  errors = []
+  for name, f in fns.items():
+    x = fg.tensor(a, device=device, requires_grad=True)
+    tx = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+    f(x).sum().backward()
+    f(tx).sum().backward()
+    try:
+      compare(x.grad, tx.grad, x, f"split reduction {name}")
+    except AssertionError as e:
+      errors.append(f"{name}: {e}")
+  assert not errors, "\n".join(errors)
+
+
 # ---- kernel counts (CPU) ------------------------------------------------------------------------------------------
 
 def leaf(rng, shape, dom="real"):
@@ -413,10 +500,31 @@ def test_kernels_elementwise_chain_backward(rng):
 def test_kernels_softmax_backward(rng):
   x, w = leaf(rng, (64, 65)), leaf(rng, (64, 65))
   (x.softmax(-1) * w).sum().backward()
-  assert count(x.grad) <= 2      # max, sum and the dot of g with softmax are all row reductions
+  assert count(x.grad) == 1      # max, sum and the dot of g with softmax are all row reductions of one kernel
+  (x.log_softmax(-1) * w).sum().backward()
+  assert count(x.grad) == 1
+
+
+def test_kernels_big_sum_backward(rng):
+  x = leaf(rng, (1 << 16,))
+  (x * x).sum().backward()       # the forward is a split reduction; the gradient needs none of it
+  assert count(x.grad) == 1
+
+
+def test_kernels_layernorm_and_mlp_backward(rng):
+  """pinned at the current counts (a change either way should be deliberate)"""
+  x, g, b, w = leaf(rng, (64, 65)), leaf(rng, (65,)), leaf(rng, (65,)), leaf(rng, (64, 65))
+  ((x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, correction=0) + 1e-5).sqrt() * g + b).mul(w).sum().backward()
+  assert count(x.grad, g.grad, b.grad) <= 6
+  x, w1, w2 = leaf(rng, (32, 16)), leaf(rng, (16, 64)), leaf(rng, (64, 10))
+  ((x @ w1).relu() @ w2).log_softmax(-1).mean().backward()
+  assert count(w1.grad, w2.grad) <= 9
 
 
 def test_kernels_matmul_backward(rng):
   x, w = leaf(rng, (64, 48)), leaf(rng, (48, 32))
   (x @ w).relu().sum().backward()
   assert count(x.grad, w.grad) <= 3   # the forward matmul (for relu's mask), then one matmul per gradient
+  x, w = leaf(rng, (64, 48)), leaf(rng, (48, 32))
+  (x @ w).sum().backward()
+  assert count(x.grad, w.grad) <= 2
