@@ -7,11 +7,13 @@ Tensor ops, so the backward pass is itself a lazy graph that fuses like the forw
 """
 from __future__ import annotations
 import contextlib
+import itertools
 import math
 import threading
 from fusegrad import dtype as dt
 
 _state = threading.local()
+_seq = itertools.count()   # recipes are numbered in creation order (see rebind)
 
 
 def grad_enabled() -> bool: return getattr(_state, "enabled", True)
@@ -50,8 +52,29 @@ def record(out, kind: str, arg, inputs: tuple) -> None:
   """Attach the recipe of `out` if any input needs a gradient."""
   if not grad_enabled() or not out.dtype.is_float: return
   if any(t.requires_grad for t in inputs):
-    out._ctx = (kind, arg, inputs, out.node)
+    out._ctx = (kind, arg, inputs, out.node, next(_seq))
     out.requires_grad = True
+
+
+def rebind(t, new) -> None:
+  """t takes new's value in place (an in-place op). new's recipe may read t's old value through the
+  object t itself: those references move to a stand-in for the old value, so the graph stays acyclic."""
+  if new._ctx is not None:
+    from fusegrad.tensor import Tensor
+    old = Tensor(_node=t.node)
+    old._ctx, old.requires_grad = t._ctx, t.requires_grad
+    since = t._ctx[4] if t._ctx is not None else -1
+    stack, seen = [new], set()
+    while stack:
+      x = stack.pop()
+      if id(x) in seen or x._ctx is None or x._ctx[4] <= since: continue
+      seen.add(id(x))
+      ins = x._ctx[2]
+      if any(i is t for i in ins):
+        x._ctx = x._ctx[:2] + (tuple(old if i is t else i for i in ins),) + x._ctx[3:]
+      stack.extend(i for i in ins if i is not t)
+  t.node, t._ctx = new.node, new._ctx
+  t.requires_grad = t.requires_grad or new.requires_grad
 
 
 # ---- the rules: (arg, inputs, out_tensor, grad) -> one gradient (or None) per input ------------------
@@ -210,7 +233,7 @@ def _run(outputs, grad_outputs, inputs=None) -> dict:
       g = grads.get(id(t))
       if g is None or t._ctx is None: continue
       if wanted is not None and id(t) in wanted: continue
-      kind, arg, ins, out_node = t._ctx
+      kind, arg, ins, out_node, _ = t._ctx
       gs = RULES[kind](arg, ins, _T(out_node), g)
       for i, gi in zip(ins, gs):
         if gi is None or not i.requires_grad: continue

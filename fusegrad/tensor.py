@@ -548,8 +548,7 @@ class Tensor:
     """Rebind this tensor to a new lazy value (an in-place op), keeping autograd consistent."""
     if self.requires_grad and self._ctx is None and autograd.grad_enabled():
       raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-    self.node, self._ctx = r.node, r._ctx
-    self.requires_grad = self.requires_grad or r.requires_grad
+    autograd.rebind(self, r)
     return self
   def __iadd__(self, o): return self._inplace(self + o)
   def __isub__(self, o): return self._inplace(self - o)
@@ -584,7 +583,10 @@ class Tensor:
     red = prod(self.shape[a] for a in axes)
     outn = prod(s for i, s in enumerate(self.shape) if i not in axes)
     if red >= SPLIT_REDUCE_MIN and outn < 64 and len(axes) > 0:
-      x = x._split_reduce(op, axes)   # two kernels: many partial results, then the total
+      # two kernels, many partial results then the total; for autograd it is one reduction
+      with autograd.no_grad():
+        total = x._split_reduce(op, axes)
+      x = self._prim("REDUCE", (op, tuple(a for a in axes if self.shape[a] != 1)), total.node)
     else:
       x = self._prim("REDUCE", (op, tuple(sorted(a for a in axes if self.shape[a] != 1))), gn.reduce(x.node, op, axes))
     if not keepdim: x = x.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
