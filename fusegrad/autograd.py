@@ -201,6 +201,7 @@ RULES = {
   "GATHER": _gather_rule,
   "WINDOW": _window_rule,
   "CONTIGUOUS": lambda arg, ins, out, g: (g,),
+  "SIGMOID": lambda arg, ins, out, g: (g * out * (1 - out),),
   "COPY": lambda arg, ins, out, g: (g.to(ins[0].device),),
 }
 

@@ -344,7 +344,9 @@ class Tensor:
     return where(self <= 0, 0, self)   # NaN stays NaN; the gradient at 0 is 0, as PyTorch's
   def sigmoid(self):
     x = self._cast(self._float_dtype())
-    return (1 + (-x).exp()).reciprocal()
+    with autograd.no_grad():   # its own gradient rule, out * (1 - out): stable for any x
+      out = (1 + (-x).exp()).reciprocal()
+    return x._prim("SIGMOID", None, out.node)
   def silu(self): return self * self.sigmoid()
   def gelu(self, approximate: str = "none"):
     x = self._cast(self._float_dtype())
@@ -354,18 +356,20 @@ class Tensor:
     return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
   def elu(self, alpha: float = 1.0):
     x = self._cast(self._float_dtype())
-    return where(x > 0, x, alpha * x.expm1())
+    return where(x > 0, x, alpha * where(x > 0, 0.0, x).expm1())   # the unused branch sees a safe input
   def leaky_relu(self, negative_slope: float = 0.01):
     x = self._cast(self._float_dtype())
     return where(x > 0, x, x * negative_slope)
   def softplus(self, beta: float = 1.0, threshold: float = 20.0):
     x = self._cast(self._float_dtype())
-    return where(x * beta > threshold, x, (x * beta).exp().log1p() / beta)
+    big = x * beta > threshold
+    return where(big, x, (where(big, 0.0, x) * beta).exp().log1p() / beta)   # no inf in the unused branch
   def mish(self): return self * self.softplus().tanh()
-  def hardtanh(self, min_val=-1.0, max_val=1.0): return self.clamp(min_val, max_val)
-  def relu6(self): return self.clamp(0, 6)
-  def hardsigmoid(self): return (self / 6 + 0.5).clamp(0, 1)
-  def hardswish(self): return self * self.hardsigmoid()
+  # PyTorch's hard activations pass gradient strictly inside their linear range
+  def hardtanh(self, min_val=-1.0, max_val=1.0): return where(self <= min_val, min_val, where(self >= max_val, max_val, self))
+  def relu6(self): return self.hardtanh(0.0, 6.0)
+  def hardsigmoid(self): return where(self <= -3, 0.0, where(self >= 3, 1.0, self / 6 + 0.5))
+  def hardswish(self): return where(self <= -3, 0.0, where(self >= 3, self, self * (self + 3) / 6))
 
   # ---- binary ----
   def add(self, other, alpha=None):
@@ -448,10 +452,10 @@ class Tensor:
   def minimum(self, other): return self._alu("MIN", other)
   def fmax(self, other):
     o = self._operand(other, _result_type(self, other))
-    return where(self.isnan(), o, where(o.isnan(), self, self.maximum(o)))
+    return where((self >= o) | o.isnan(), self, o)   # NaN loses; ties (and their gradient) go to self
   def fmin(self, other):
     o = self._operand(other, _result_type(self, other))
-    return where(self.isnan(), o, where(o.isnan(), self, self.minimum(o)))
+    return where((self <= o) | o.isnan(), self, o)
   def eq(self, other): return self._alu("CMPEQ", other)
   def ne(self, other): return self._alu("CMPNE", other)
   def lt(self, other): return self._alu("CMPLT", other)
@@ -588,7 +592,8 @@ class Tensor:
         total = x._split_reduce(op, axes)
       x = self._prim("REDUCE", (op, tuple(a for a in axes if self.shape[a] != 1)), total.node)
     else:
-      x = self._prim("REDUCE", (op, tuple(sorted(a for a in axes if self.shape[a] != 1))), gn.reduce(x.node, op, axes))
+      real = tuple(sorted(a for a in axes if self.shape[a] != 1))   # size-1 axes reduce nothing
+      if real: x = self._prim("REDUCE", (op, real), gn.reduce(x.node, op, real))
     if not keepdim: x = x.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
     return x
 
@@ -662,7 +667,9 @@ class Tensor:
     d = x - x.mean(axes, keepdim=True)
     return (d * d).sum(axes, keepdim) / builtins.max(n - correction, 0)
   def std(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
-    return self.var(dim, keepdim, correction=correction, unbiased=unbiased).sqrt()
+    v = self.var(dim, keepdim, correction=correction, unbiased=unbiased)
+    zero = v == 0    # PyTorch gives a constant's std a zero gradient, not 0 * inf
+    return where(zero, 0.0, where(zero, 1.0, v).sqrt())
   def var_mean(self, dim=None, keepdim=False, *, correction=None):
     return self.var(dim, keepdim, correction=correction), self.mean(dim, keepdim)
   def _arg(self, op: str, dim, keepdim: bool, name: str) -> "Tensor":

@@ -22,14 +22,20 @@ RTOL, ATOL = 1e-4, 1e-5
 # ---- inputs ---------------------------------------------------------------------------------------------------
 
 TIES = (0, 2, -2, 2, -2, 1, -1)
+WIDE = (-100, 100, -95, 95, -30, 30, 0.5)
 
 
 def draw(rng, shape, dom: str = "real") -> np.ndarray:
-  """float32 values of a domain: real (-3, 3), pos (0.5, 3), unit (-0.9, 0.9), nz (+-[0.5, 2]), ties (ints -2..2)"""
+  """float32 values of a domain: real (-3, 3), pos (0.5, 3), unit (-0.9, 0.9), nz (+-[0.5, 2]), ties (ints -2..2),
+  wide (-100, 100)"""
   if dom == "ties":   # the fixed prefix makes sure of a zero, of ties for max and min, and of values at +-1
     a = rng.integers(-2, 3, size=shape).astype(np.float32)
     k = min(a.size, len(TIES))
     a.reshape(-1)[:k] = TIES[:k]
+    return a
+  if dom == "wide":   # saturating activations: exp overflows in float32 past 88
+    a = rng.uniform(-100, 100, size=shape).astype(np.float32)
+    a.reshape(-1)[:min(a.size, len(WIDE))] = WIDE[:min(a.size, len(WIDE))]
     return a
   if dom == "nz": return (rng.choice([-1, 1], size=shape) * rng.uniform(0.5, 2, size=shape)).astype(np.float32)
   lo, hi = {"real": (-3, 3), "pos": (0.5, 3), "unit": (-0.9, 0.9)}[dom]
@@ -72,6 +78,7 @@ class Case:
 
 
 A, B, V, C3 = (3, 4), (4, 5), (4,), (2, 3, 4)
+PAD_MODES = ("reflect", "replicate", "circular")
 IDX = [0, 2, 2, 1, 0]           # repeated rows: their gradients must add up
 CASES = [
   # binary, broadcasting, python scalars (reflected too)
@@ -189,8 +196,9 @@ CASES = [
   Case("pad", lambda L, x: x.pad((1, 2, 0, 1), value=1.5), [A], tfn=lambda L, x: F.pad(x, (1, 2, 0, 1), value=1.5)),
   Case("pad_negative", lambda L, x: x.pad((-1, 2, 1, -1)), [A], tfn=lambda L, x: F.pad(x, (-1, 2, 1, -1))),
   Case("slice_steps", lambda L, x: x[::2, 1:], [A]),
-  Case("slice_neg_step", lambda L, x: x[::-1, 3:0:-2], [A], tfn=lambda L, x: x.flip(0)[:, 1:4:2].flip(1)),  # torch: no
-  Case("slice_neg_step_3d", lambda L, x: x[:, ::-2][..., ::-3], [C3],                                       # negative steps
+  # torch has no negative steps: its spelling flips
+  Case("slice_neg_step", lambda L, x: x[::-1, 3:0:-2], [A], tfn=lambda L, x: x.flip(0)[:, 1:4:2].flip(1)),
+  Case("slice_neg_step_3d", lambda L, x: x[:, ::-2][..., ::-3], [C3],
        tfn=lambda L, x: x.flip(1)[:, ::2].flip(2)[..., ::3]),
   Case("slice_int_ellipsis", lambda L, x: x[1, ..., -1] * x[None, 0, 0:3, 2], [C3]),
   Case("narrow_select", lambda L, x: x.narrow(1, 1, 2).select(0, 2), [A]),
@@ -229,6 +237,43 @@ CASES = [
   Case("cumprod", lambda L, x: x.cumprod(1), [A], dom="nz"),
   Case("empty", lambda L, x: x.exp().sum(0), [(0, 3)]),
   Case("half_leaf", lambda L, x: (x * x).float() * 3, [A], dtypes=["float16"], native=True, tol=100),
+  # saturation: the branch a where() does not take, or a factor that overflows, must not turn into nan
+  Case("sigmoid_wide", lambda L, x: x.sigmoid(), [A], dom="wide"),
+  Case("silu_wide", lambda L, x: x.silu(), [A], dom="wide", tfn=lambda L, x: F.silu(x)),
+  Case("softplus_wide", lambda L, x: x.softplus(), [A], dom="wide", tfn=lambda L, x: F.softplus(x)),
+  Case("elu_wide", lambda L, x: x.elu(), [A], dom="wide", tfn=lambda L, x: F.elu(x)),
+  Case("gelu_wide", lambda L, x: x.gelu() + x.gelu(approximate="tanh"), [A], dom="wide",
+       tfn=lambda L, x: F.gelu(x) + F.gelu(x, approximate="tanh")),
+  Case("tanh_wide", lambda L, x: x.tanh(), [A], dom="wide"),
+  Case("log_softmax_wide", lambda L, x: x.log_softmax(-1) + x.logsumexp(0, keepdim=True), [A], dom="wide"),
+  Case("softmax_wide", lambda L, x: x.softmax(0), [A], dom="wide"),
+  Case("std_of_constant", lambda L, x: (x * 0).std(1) + (x * 0 + 1).std(), [A]),   # torch: 0, not 0 * inf
+  # more of the torch API fusegrad has (kinks: torch's hardtanh family is flat at its bounds, unlike clamp)
+  Case("hardtanh", lambda L, x: x.hardtanh(), [A], dom="ties", tfn=lambda L, x: F.hardtanh(x)),
+  Case("relu6", lambda L, x: (x * 3).relu6(), [A], dom="ties", tfn=lambda L, x: F.relu6(x * 3)),
+  Case("hardsigmoid", lambda L, x: (x * 1.5).hardsigmoid(), [A], dom="ties", tfn=lambda L, x: F.hardsigmoid(x * 1.5)),
+  Case("hardswish", lambda L, x: (x * 1.5).hardswish(), [A], dom="ties", tfn=lambda L, x: F.hardswish(x * 1.5)),
+  Case("hardswish_real", lambda L, x: (x * 1.5).hardswish(), [A], tfn=lambda L, x: F.hardswish(x * 1.5)),
+  Case("mish", lambda L, x: x.mish(), [A], tfn=lambda L, x: F.mish(x)),
+  Case("fmax_fmin_ties", lambda L, x, y: L.fmax(x, y) * 2 + L.fmin(x, y), [A, A], dom="ties"),  # torch: ties to input
+  Case("fmod_remainder", lambda L, x, y: x.fmod(y) + x.remainder(y * 2) + x % 1.5, [A, A], dom=["real", "nz"]),
+  Case("rounding", lambda L, x: x.floor() + x.ceil() + x.round() + x.trunc() + x.frac() * 2 + x.sign(), [A]),
+  Case("addcmul_addcdiv", lambda L, x, y, z: x.addcmul(y, z, value=0.5).addcdiv(y, z, value=2), [A, V, (3, 1)],
+       dom=["real", "real", "nz"]),
+  Case("pad_modes", lambda L, x: L.cat([x.pad((2, 1, 1, 2), mode=m).reshape(-1) for m in PAD_MODES]), [A],
+       tfn=lambda L, x: L.cat([F.pad(x[None], (2, 1, 1, 2), mode=m).reshape(-1) for m in PAD_MODES])),
+  Case("movedim_unflatten", lambda L, x: x.movedim(0, 2).unflatten(0, (3, 1)), [C3]),
+  Case("index_negative", lambda L, x: x[L.c([-1, 0, -1])], [A]),
+  Case("outer_dot", lambda L, x, y: x.outer(y) * x.dot(x), [V, (3,)]),
+  Case("var_mean", lambda L, x: (lambda v, m: v * m)(*x.var_mean(1)), [A],
+       tfn=lambda L, x: (lambda v, m: v * m)(*L.var_mean(x, 1)), tol=10),
+  # small and degenerate shapes (a one-element input is a constant node, not a buffer)
+  Case("zero_dim", lambda L, x: (x * x).sum() + x.exp() * x.reshape(1, 1).expand(2, 3), [()]),
+  Case("one_element", lambda L, x, y: x.expand(3, 4) * y + x.sum(), [(1,), A]),
+  Case("amax_size1_dim", lambda L, x: x.amax(1) + x.amin(1, keepdim=True).squeeze(1), [(3, 1, 4)]),
+  Case("reduce_size1_dims", lambda L, x: x.sum(1) + x.amax(1) * x.mean((1, 2)).unsqueeze(-1) - x.prod(1), [(3, 1, 4)]),
+  Case("same_tensor_matmul", lambda L, x: x.T @ x + x.T @ x.sum(1, keepdim=True), [A], tol=3),
+  Case("cat_with_constant", lambda L, x: L.cat([x, L.c(np.ones((1, 4), np.float32)), x * 2]).softmax(0), [A]),
   # compositions
   Case("cross_entropy", lambda L, x: -(x.log_softmax(-1)[L.c([0, 1, 2]), L.c([3, 0, 3])]).mean(), [A],
        tfn=lambda L, x: F.cross_entropy(x, torch.tensor([3, 0, 3]))),
@@ -274,7 +319,23 @@ def test_accumulates_across_backward_calls(device, rng):
   tx.grad = None
   for a in (x, tx): (a * a).sum().backward()
   compare(x.grad, tx.grad, x, "x after .grad = None and a third call")
-  assert y.grad is not None and np.allclose(y.grad.numpy(), ty.grad.numpy(), rtol=RTOL, atol=ATOL)
+  for b in (y, ty): (b * 3).sum().backward()          # onto a gradient that has been realized
+  compare(y.grad, ty.grad, y, "y after a realized gradient and a third call")
+
+
+def test_sgd_steps_under_no_grad(device, rng):
+  """a training loop: in-place updates of leaves under no_grad keep them leaves that require grad"""
+  (w, tw), xb = pair(rng, device, (4, 3)), draw(rng, (5, 4))
+  for step in range(3):
+    for W, X, ctx in ((w, fg.tensor(xb, device=device), fg.no_grad), (tw, torch.tensor(xb, dtype=torch.float64),
+                                                                      torch.no_grad)):
+      ((X @ W).tanh() ** 2).mean().backward()
+      with ctx():
+        W -= 0.5 * W.grad
+        W[0, 0] = 0.25
+      W.grad = None
+    assert w.requires_grad and w.grad is None
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=f"step {step}")
 
 
 def test_backward_with_gradient_on_non_scalar(device, rng):
@@ -290,6 +351,10 @@ def test_backward_non_scalar_without_gradient_raises(device, rng):
   x, _ = pair(rng, device)
   with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
     (x * 2).backward()
+  with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
+    fg.grad(x * 2, x)
+  with pytest.raises(RuntimeError, match="Mismatch in shape"):       # torch's words for a gradient of another shape
+    (x * 2).backward(fg.ones(4, device=device))
   assert x.grad is None
 
 
@@ -514,7 +579,8 @@ def test_kernels_big_sum_backward(rng):
 def test_kernels_layernorm_and_mlp_backward(rng):
   """pinned at the current counts (a change either way should be deliberate)"""
   x, g, b, w = leaf(rng, (64, 65)), leaf(rng, (65,)), leaf(rng, (65,)), leaf(rng, (64, 65))
-  ((x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, correction=0) + 1e-5).sqrt() * g + b).mul(w).sum().backward()
+  norm = (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, correction=0) + 1e-5).sqrt()
+  (norm * g + b).mul(w).sum().backward()
   assert count(x.grad, g.grad, b.grad) <= 6
   x, w1, w2 = leaf(rng, (32, 16)), leaf(rng, (16, 64)), leaf(rng, (64, 10))
   ((x @ w1).relu() @ w2).log_softmax(-1).mean().backward()

@@ -68,7 +68,14 @@ class CStyleRenderer:
     if d == dt.float16: return f"b{buf}[{idx}] = fg_f32_to_half({val});"
     return f"b{buf}[{idx}] = {val};"
 
+  # float32 exp/log/tanh from the shared prelude (_MATH): vectorizable, and the same bits on every device
+  own_math = {"EXP": "fg_expf", "LOG": "fg_logf", "TANH": "fg_tanhf"}
+
   def math_fn(self, name: str, d: dt.DType) -> str:
+    if self.reg_dtype(d) == dt.float32 and name.upper() in self.own_math: return self.own_math[name.upper()]
+    return self.library_fn(name, d)
+
+  def library_fn(self, name: str, d: dt.DType) -> str:
     return name + ("f" if self.reg_dtype(d) == dt.float32 else "")
 
   def cast(self, a: str, src: dt.DType, d: dt.DType) -> str:
@@ -214,7 +221,10 @@ static inline unsigned short fg_f32_to_half(float x) {
 }
 static inline float fg_bits_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t fg_f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-/* float32 exp/log/tanh in straight-line code, so loops that call them vectorize (libm calls do not);
+"""
+
+# float32 exp/log/tanh shared by the C and OpenCL preludes (the same bits on both devices)
+_MATH = r"""/* float32 exp/log/tanh in straight-line code, so loops that call them vectorize (libm calls do not);
    within 1 ulp of the correctly rounded result, with IEEE special values */
 static inline float fg_expf(float x) {
   float c = x > 88.8f ? 88.8f : (x < -104.0f ? -104.0f : x);
@@ -263,6 +273,7 @@ static inline float fg_tanhf(float x) {
   l = x < 0.0f ? -l : l;
   return a < 0.625f ? s : l;
 }"""
+_C_PRELUDE += "\n" + _MATH
 
 
 class CRenderer(CStyleRenderer):
@@ -270,11 +281,6 @@ class CRenderer(CStyleRenderer):
   so a thread pool can split the range."""
   name = "c"
   prelude = _C_PRELUDE
-  vector_math = {"EXP": "fg_expf", "LOG": "fg_logf", "TANH": "fg_tanhf"}
-
-  def math_fn(self, name: str, d: dt.DType) -> str:
-    if self.reg_dtype(d) == dt.float32 and name.upper() in self.vector_math: return self.vector_math[name.upper()]
-    return super().math_fn(name, d)
 
   def render(self, k: Kernel, listing: list) -> str:
     args = []
@@ -304,7 +310,15 @@ static inline float fg_round_half(float x) {
   if (a >= 0x477ff000u) return as_float(sign | 0x7f800000u);
   if (a < 0x38800000u) { float q = rint(as_float(a) * 16777216.0f) / 16777216.0f; return sign ? -q : q; }
   a += 0xfffu + ((a >> 13) & 1u); a &= 0xffffe000u; return as_float(sign | a);
-}"""
+}
+typedef uint uint32_t;
+typedef int int32_t;
+#define rintf rint
+#define fabsf fabs
+static inline float fg_bits_f(uint u) { return as_float(u); }
+static inline uint fg_f_bits(float f) { return as_uint(f); }
+"""
+_CL_PRELUDE += "\n" + _MATH
 
 
 class OpenCLRenderer(CStyleRenderer):
@@ -318,7 +332,7 @@ class OpenCLRenderer(CStyleRenderer):
   prelude = _CL_PRELUDE
 
   def storage_type(self, d: dt.DType) -> str: return "uchar" if d.is_bool else self.types[d]
-  def math_fn(self, name: str, d: dt.DType) -> str: return name    # overloaded builtins
+  def library_fn(self, name: str, d: dt.DType) -> str: return name    # overloaded builtins
   def literal(self, v, d: dt.DType) -> str:
     r = super().literal(v, d)
     return r.replace("LL", "L").replace("((double)NAN)", "(double)NAN").replace("((double)INFINITY)", "(double)INFINITY")
