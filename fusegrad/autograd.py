@@ -19,33 +19,23 @@ _seq = itertools.count()   # recipes are numbered in creation order (see rebind)
 def grad_enabled() -> bool: return getattr(_state, "enabled", True)
 
 
-@contextlib.contextmanager
-def _set_grad(mode: bool):
-  prev = grad_enabled()
-  _state.enabled = mode
-  try:
-    yield
-  finally:
-    _state.enabled = prev
+class _GradMode(contextlib.ContextDecorator):
+  mode = True
+  def __enter__(self):
+    self._prev = grad_enabled()
+    _state.enabled = self.mode
+  def __exit__(self, *exc):
+    _state.enabled = self._prev
+    return False
 
 
-class no_grad(contextlib.ContextDecorator):
+class no_grad(_GradMode):
   """with fusegrad.no_grad(): ops record nothing for autograd (also usable as a decorator)."""
-  def __enter__(self):
-    self._prev = grad_enabled()
-    _state.enabled = False
-  def __exit__(self, *exc):
-    _state.enabled = self._prev
-    return False
+  mode = False
 
 
-class enable_grad(contextlib.ContextDecorator):
-  def __enter__(self):
-    self._prev = grad_enabled()
-    _state.enabled = True
-  def __exit__(self, *exc):
-    _state.enabled = self._prev
-    return False
+class enable_grad(_GradMode):
+  mode = True
 
 
 def record(out, kind: str, arg, inputs: tuple) -> None:
@@ -229,7 +219,7 @@ def _run(outputs, grad_outputs, inputs=None) -> dict:
   grads: dict = {}
   for o, g in zip(outputs, grad_outputs): grads[id(o)] = g if id(o) not in grads else grads[id(o)] + g
   wanted = {id(t) for t in inputs} if inputs is not None else None
-  with _set_grad(False):
+  with no_grad():
     for t in reversed(_toposort(outputs)):
       g = grads.get(id(t))
       if g is None or t._ctx is None: continue
