@@ -8,6 +8,7 @@ corrections) live in a small device buffer that is rewritten each step, so a sch
 bakes them into kernel source and nothing recompiles.
 """
 from __future__ import annotations
+import abc
 import numpy as np
 import fusegrad as fg
 from fusegrad.graph import node as gn
@@ -15,7 +16,7 @@ from fusegrad.runtime import device as rd
 from fusegrad.tensor import Tensor
 
 
-class Optimizer:
+class Optimizer(abc.ABC):
   """Parameter groups (dicts with 'params' and per-group hyperparameters), zero_grad, step."""
 
   def __init__(self, params, defaults: dict):
@@ -66,8 +67,9 @@ class Optimizer:
           updates.extend(states)
     if updates: fg.realize(*updates)
 
+  @abc.abstractmethod
   def _update(self, p: Tensor, grad: Tensor, group: dict, state: dict) -> tuple[Tensor, list[Tensor]]:
-    raise NotImplementedError
+    """The new value of p and the state tensors to realize with it."""
 
 
 class SGD(Optimizer):
