@@ -5,7 +5,6 @@ first time the device is used, so nothing above the runtime imports a backend.
 """
 from __future__ import annotations
 import importlib
-import time
 from dataclasses import dataclass, field
 import numpy as np
 from fusegrad import dtype as dt
@@ -105,24 +104,20 @@ class Device:
   def synchronize(self) -> None: pass
 
   def kernel_program(self, kernel):
-    """(program, source or listing text) for a Kernel object: linearized, rendered and compiled once."""
+    """(program, source or listing text) for a Kernel object: linearized, rendered and compiled once.
+    Compiled programs are also shared by source, so equal kernels from different graphs compile once."""
     hit = self.by_kernel.get(id(kernel))
     if hit is None or hit[0] is not kernel:
       from fusegrad.codegen.linearize import linearize, format_listing
       listing = linearize(kernel)
-      program, src = self.program(kernel, listing)
-      hit = self.by_kernel[id(kernel)] = (kernel, program, src if src is not None else format_listing(listing))
+      if self.renderer is None:   # an interpreter runs the listing itself
+        program, src = self.compile_listing(kernel, listing), format_listing(listing)
+      else:
+        src = self.renderer.render(kernel, listing)
+        program = self.programs.get(src)
+        if program is None: program = self.programs[src] = self.compile(kernel.name, src)
+      hit = self.by_kernel[id(kernel)] = (kernel, program, src)
       if len(self.by_kernel) > 4096: self.by_kernel.pop(next(iter(self.by_kernel)))
     return hit[1], hit[2]
-
-  def program(self, kernel, listing):
-    """Render and compile a kernel, through the in-memory cache. Returns (program, source)."""
-    src = self.renderer.render(kernel, listing) if self.renderer is not None else None
-    key = src if src is not None else id(kernel)
-    p = self.programs.get(key)
-    if p is None:
-      p = self.compile(kernel.name, src) if src is not None else self.compile_listing(kernel, listing)
-      if src is not None: self.programs[key] = p
-    return p, src
 
   def compile_listing(self, kernel, listing): raise NotImplementedError
