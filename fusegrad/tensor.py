@@ -999,7 +999,6 @@ def _check_device_dtype(device: str, d: DType) -> None:
 def _to_numpy(data, d: DType | None) -> np.ndarray:
   if isinstance(data, np.ndarray):
     arr = data
-    if arr.dtype == np.float16 and d is None: pass
   else:
     try:
       arr = np.array(data)
