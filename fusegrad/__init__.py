@@ -51,3 +51,4 @@ def realize(*tensors: Tensor) -> None:
   _r(*[t.node for t in tensors])
 
 from fusegrad import optim  # noqa: E402  (optimizers use the names above)
+from fusegrad import nn  # noqa: E402

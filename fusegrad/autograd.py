@@ -183,6 +183,29 @@ def _window_rule(arg, inputs, out, g):
   return (h.sum(-1).reshape(*lead, L + n - 1).reshape(x.shape),)
 
 
+def _unfold_rule(arg, inputs, out, g):
+  # w[:, o, k] = x[:, o * stride + k * dilation]: dx is the sum over kernel offsets k of g[:, :, k] spread
+  # back to those positions (stride gaps by pad+reshape, offsets by pad) — prod(kernel) terms, one kernel
+  import itertools
+  kernel, stride, dilation = arg
+  x = inputs[0]
+  k, sp = len(kernel), x.shape[1:]
+  osz = g.shape[1:1 + k]
+  total = None
+  for off in itertools.product(*[range(n) for n in kernel]):
+    t = g[(slice(None),) * (1 + k) + off]
+    for i, s in enumerate(stride):
+      if s > 1: t = t.unsqueeze(i + 2).pad((0, 0) * (k - 1 - i) + (0, s - 1)).flatten(i + 1, i + 2) \
+                     .narrow(i + 1, 0, (osz[i] - 1) * s + 1)
+    pads = []
+    for i in reversed(range(k)):
+      lo = off[i] * dilation[i]
+      pads += [lo, sp[i] - lo - ((osz[i] - 1) * stride[i] + 1)]
+    t = t.pad(tuple(pads))
+    total = t if total is None else total + t
+  return (total,)
+
+
 RULES = {
   "ALU": lambda arg, ins, out, g: _alu_rule(arg, ins, out, g),
   "CAST": lambda arg, ins, out, g: (g.to(ins[0].dtype) if ins[0].dtype.is_float else None,),
@@ -190,6 +213,7 @@ RULES = {
   "REDUCE": _reduce_rule,
   "GATHER": _gather_rule,
   "WINDOW": _window_rule,
+  "UNFOLD": _unfold_rule,
   "CONTIGUOUS": lambda arg, ins, out, g: (g,),
   "SIGMOID": lambda arg, ins, out, g: (g * out * (1 - out),),
   "COPY": lambda arg, ins, out, g: (g.to(ins[0].device),),

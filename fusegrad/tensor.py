@@ -914,6 +914,39 @@ class Tensor:
     x = self.reshape(tuple(v for s in base for v in (1, s)))
     x = x.expand(*[v for r, s in zip(sizes, base) for v in (r, s)])
     return x.reshape(tuple(r * s for r, s in zip(sizes, base)))
+  def gather(self, dim: int, index: "Tensor") -> "Tensor":
+    """out[i][j][k] = self[index[i][j][k]][j][k] (dim 0): one gather kernel."""
+    d = _norm_dim(dim, self.ndim)
+    if not isinstance(index, Tensor) or index.dtype.is_float or index.dtype.is_bool:
+      raise RuntimeError(f"gather(): Expected dtype int64 for index, got {getattr(index, 'dtype', type(index).__name__)}")
+    if index.ndim != self.ndim:
+      raise RuntimeError(f"Index tensor must have the same number of dimensions as input tensor "
+                         f"(input {list(self.shape)}, index {list(index.shape)})")
+    for k, (a, b) in enumerate(zip(index.shape, self.shape)):
+      if k != d and a > b:
+        raise RuntimeError(f"Size does not match at dimension {k} expected index {list(index.shape)} to be smaller "
+                           f"than self {list(self.shape)} apart from dimension {d}")
+    idx = [index if k == d else arange(index.shape[k], device=self.device).reshape(
+           *[index.shape[k] if j == k else 1 for j in range(self.ndim)]) for k in range(self.ndim)]
+    return _advanced(self, list(enumerate(idx))) if self.ndim else self
+  def index_select(self, dim: int, index: "Tensor") -> "Tensor":
+    d = _norm_dim(dim, self.ndim)
+    if not isinstance(index, Tensor) or index.ndim > 1:
+      raise IndexError(f"index_select(): Index is supposed to be a vector, got {getattr(index, 'shape', index)}")
+    return self[(slice(None),) * d + (index.reshape(-1),)]
+  def masked_fill(self, mask: "Tensor", value) -> "Tensor":
+    if not isinstance(mask, Tensor) or not mask.dtype.is_bool:
+      raise RuntimeError(f"masked_fill only supports boolean masks, but got mask with dtype "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    broadcast_shapes(mask.shape, self.shape)
+    if isinstance(value, Tensor):
+      if value.ndim: raise RuntimeError(f"masked_fill only supports a 0-dimensional value tensor, but got tensor "
+                                        f"with {value.ndim} dimension(s).")
+      value = value._cast(self.dtype)
+    out = where(mask, value, self)
+    return out._cast(self.dtype)._broadcast_to(self.shape) if out.shape != self.shape or out.dtype != self.dtype else out
+  def clone(self) -> "Tensor": return self._alu("ADD", self._new(gn.const(0, self.dtype, (), self.device))) \
+      if not self.dtype.is_bool else self.logical_or(False)
   def tile(self, *dims) -> "Tensor":
     dims = _shape_arg(dims)
     if len(dims) < self.ndim: dims = (1,) * (self.ndim - len(dims)) + dims
@@ -944,6 +977,7 @@ class Tensor:
                          f"{'x'.join(map(str, other.shape))})")
     batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
     n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+    if n >= 16 and _transposed_view(b): b = b.contiguous()
     a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
     b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
     prod_ = (a * b) if not d.is_bool else (a & b)
@@ -987,6 +1021,40 @@ def _windows(x: Tensor, n: int) -> Tensor:
   v = View((outer, L, n), (x.shape[-1], 1, 1), 0, None)
   node = gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device)
   return flat._prim("WINDOW", n, node).reshape(*lead, L, n)
+
+
+def _transposed_view(t: Tensor) -> bool:
+  """Is t a pending view read with stride 1 down its rows and a stride across its columns (`w.T`)? A
+  matmul's column loop is its vectorized loop, so such an operand is worth a transposed copy first."""
+  n = t.node
+  if n.op != "VIEW" or n.realized or n.arg.mask is not None or t.ndim < 2: return False
+  st = n.arg.strides
+  return st[-2] == 1 and st[-1] not in (0, 1)
+
+
+def _unfold(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple) -> Tensor:
+  """Sliding windows over the last len(kernel) dims (a view, no copy): x[..., *spatial] ->
+  w[..., *out, *kernel] with w[..., o, k] = x[..., o * stride + k * dilation] (per dim)."""
+  from fusegrad.graph.view import View
+  k = len(kernel)
+  lead, sp = x.shape[:-k], x.shape[-k:]
+  out = tuple((s - d * (kk - 1) - 1) // st + 1 for s, kk, st, d in zip(sp, kernel, stride, dilation))
+  if builtins.any(o <= 0 for o in out):
+    raise RuntimeError(f"window of size {tuple(kernel)} (dilation {tuple(dilation)}) is larger than the padded input "
+                       f"{tuple(sp)}")
+  if tuple(stride) == tuple(kernel) and builtins.all(d == 1 for d in dilation):   # tiling windows: a reshape
+    y = x
+    for i in range(k): y = y.narrow(len(lead) + i, 0, out[i] * kernel[i])
+    y = y.reshape(*lead, *[v for o, kk in zip(out, kernel) for v in (o, kk)])
+    n = len(lead)
+    return y.permute(*range(n), *[n + 2 * i for i in range(k)], *[n + 2 * i + 1 for i in range(k)])
+  outer = prod(lead)
+  flat = x.reshape(outer, *sp)
+  cs = [prod(sp[i + 1:]) for i in range(k)]
+  v = View((outer, *out, *kernel), (prod(sp), *[c * st for c, st in zip(cs, stride)],
+                                    *[c * d for c, d in zip(cs, dilation)]), 0, None)
+  node = gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device)
+  return flat._prim("UNFOLD", (tuple(kernel), tuple(stride), tuple(dilation)), node).reshape(*lead, *out, *kernel)
 
 
 def _check_device_dtype(device: str, d: DType) -> None:

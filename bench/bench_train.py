@@ -1,0 +1,143 @@
+"""Training steps, fusegrad vs PyTorch eager on the CPU, side by side in one process.
+
+Cases (issue 3): an MLP 784-256-256-10 (batch 256, Adam, cross-entropy) and a small pre-norm
+character transformer (AdamW). Both libraries start from the same weights and see the same batches;
+the table gives steps/s for each, the ratio (above 1: fusegrad is faster), fusegrad's kernels per step,
+and checks that the two losses agree after the timed steps.
+
+A step is: forward, loss, backward, optimizer step, and reading the loss back as a Python float
+(both libraries sync every step, as a training loop printing its loss does).
+
+    python bench/bench_train.py            # default sizes
+    python bench/bench_train.py --quick    # fewer steps
+    python bench/bench_train.py --threads 1
+"""
+from __future__ import annotations
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--quick", action="store_true", help="fewer timed steps")
+  ap.add_argument("--steps", type=int, default=None, help="timed steps per case (default 40, or 10 with --quick)")
+  ap.add_argument("--threads", type=int, default=0, help="threads for every library (default: all cores)")
+  ap.add_argument("--only", default=None, help="run only the cases whose key (mlp, transformer) contains this")
+  return ap.parse_args(argv)
+
+
+ARGS = parse_args() if __name__ == "__main__" else parse_args([])
+if ARGS.threads > 0:
+  for var in ("FUSEGRAD_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(ARGS.threads)
+
+import numpy as np  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fusegrad as fg  # noqa: E402
+import fusegrad.nn as nn  # noqa: E402
+import fusegrad.nn.functional as F  # noqa: E402
+import torch  # noqa: E402
+if ARGS.threads > 0: torch.set_num_threads(ARGS.threads)
+
+
+def copy_weights(ours, theirs) -> None:
+  theirs.load_state_dict({k: torch.tensor(v.numpy()) for k, v in ours.state_dict().items()})
+
+
+# ---- the MLP -------------------------------------------------------------------------------------------------
+
+def mlp_case(rng):
+  fg_model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+  th_model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                 torch.nn.ReLU(), torch.nn.Linear(256, 10))
+  copy_weights(fg_model, th_model)
+  fg_opt = fg.optim.Adam(fg_model.parameters(), lr=1e-3)
+  th_opt = torch.optim.Adam(th_model.parameters(), lr=1e-3)
+  batches = [(rng.standard_normal((256, 784), dtype=np.float32), rng.integers(0, 10, 256)) for _ in range(8)]
+  fg_batches = [(fg.tensor(x), fg.tensor(y)) for x, y in batches]
+  th_batches = [(torch.tensor(x), torch.tensor(y)) for x, y in batches]
+
+  def fg_step(i):
+    x, y = fg_batches[i % len(fg_batches)]
+    loss = F.cross_entropy(fg_model(x), y)
+    fg_opt.zero_grad()
+    loss.backward()
+    fg_opt.step()
+    return loss.item()
+
+  def th_step(i):
+    x, y = th_batches[i % len(th_batches)]
+    loss = torch.nn.functional.cross_entropy(th_model(x), y)
+    th_opt.zero_grad()
+    loss.backward()
+    th_opt.step()
+    return loss.item()
+  return "MLP 784-256-256-10, batch 256, Adam", fg_step, th_step
+
+
+# ---- the transformer ---------------------------------------------------------------------------------------------
+
+def transformer_case(rng):
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+  from charlm import CharTransformer, TorchCharTransformer   # the example's model, and the same model in torch
+  V, T, B = 96, 64, 32
+  cfg = dict(vocab=V, ctx=T, dim=128, heads=4, layers=2)
+  fg_model, th_model = CharTransformer(**cfg), TorchCharTransformer(**cfg)
+  copy_weights(fg_model, th_model)
+  fg_opt = fg.optim.AdamW(fg_model.parameters(), lr=1e-3, weight_decay=0.1)
+  th_opt = torch.optim.AdamW(th_model.parameters(), lr=1e-3, weight_decay=0.1)
+  batches = [rng.integers(0, V, (B, T + 1)) for _ in range(8)]
+  fg_batches = [(fg.tensor(b[:, :-1]), fg.tensor(b[:, 1:])) for b in batches]
+  th_batches = [(torch.tensor(b[:, :-1]), torch.tensor(b[:, 1:])) for b in batches]
+
+  def fg_step(i):
+    x, y = fg_batches[i % len(fg_batches)]
+    loss = F.cross_entropy(fg_model(x).reshape(-1, V), y.reshape(-1))
+    fg_opt.zero_grad()
+    loss.backward()
+    fg_opt.step()
+    return loss.item()
+
+  def th_step(i):
+    x, y = th_batches[i % len(th_batches)]
+    loss = torch.nn.functional.cross_entropy(th_model(x).reshape(-1, V), y.reshape(-1))
+    th_opt.zero_grad()
+    loss.backward()
+    th_opt.step()
+    return loss.item()
+  return f"char transformer d128 L2 H4 T{T}, batch {B}, AdamW", fg_step, th_step
+
+
+def run(step, n: int) -> tuple[float, float]:
+  for i in range(3): step(i)    # warm-up: compiles, fills caches
+  t0 = time.perf_counter()
+  loss = 0.0
+  for i in range(n): loss = step(3 + i)
+  return n / (time.perf_counter() - t0), loss
+
+
+def main() -> None:
+  n = ARGS.steps or (10 if ARGS.quick else 40)
+  rng = np.random.default_rng(0)
+  fg.manual_seed(0)
+  print(f"# bench_train: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), {n} timed steps, "
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}")
+  print("| case | fusegrad steps/s | torch steps/s | torch/fusegrad time | kernels/step | loss fusegrad | loss torch |")
+  print("|---|---:|---:|---:|---:|---:|---:|")
+  for key, make in (("mlp", mlp_case), ("transformer", transformer_case)):
+    if ARGS.only and ARGS.only not in key: continue
+    name, fg_step, th_step = make(rng)
+    fg_rate, fg_loss = run(fg_step, n)
+    th_rate, th_loss = run(th_step, n)
+    with fg.track() as t: fg_step(0)
+    print(f"| {name} | {fg_rate:.1f} | {th_rate:.1f} | {fg_rate / th_rate:.2f}x | {len(t.kernels)} | "
+          f"{fg_loss:.4f} | {th_loss:.4f} |", flush=True)
+
+
+if __name__ == "__main__":
+  main()

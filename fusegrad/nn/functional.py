@@ -1,0 +1,573 @@
+"""fusegrad.nn.functional: PyTorch's functional layers and losses, written with Tensor ops.
+
+Everything here is a composition of the frontend's primitives, so it is lazy, fuses with its
+neighbours and differentiates through the autograd rule table. Convolutions and pools read their
+input through a window view (`tensor._unfold`: strides, no copy); a convolution is then one
+reduction kernel, its input gradient one kernel that sums the kernel's offsets.
+"""
+from __future__ import annotations
+import builtins
+import math
+import numpy as np
+import fusegrad as fg
+from fusegrad import dtype as dt
+from fusegrad.tensor import Tensor, _unfold, where
+
+# ---- activations (the Tensor methods, as functions) ----------------------------------------------------------
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor: return input.relu()
+def relu6(input: Tensor, inplace: bool = False) -> Tensor: return input.relu6()
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+  return input.leaky_relu(negative_slope)
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor: return input.elu(alpha)
+def gelu(input: Tensor, approximate: str = "none") -> Tensor: return input.gelu(approximate)
+def silu(input: Tensor, inplace: bool = False) -> Tensor: return input.silu()
+def mish(input: Tensor, inplace: bool = False) -> Tensor: return input.mish()
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor: return input.softplus(beta, threshold)
+def sigmoid(input: Tensor) -> Tensor: return input.sigmoid()
+def tanh(input: Tensor) -> Tensor: return input.tanh()
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
+  return input.hardtanh(min_val, max_val)
+def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor: return input.hardsigmoid()
+def hardswish(input: Tensor, inplace: bool = False) -> Tensor: return input.hardswish()
+def logsigmoid(input: Tensor) -> Tensor: return -(-input).softplus()
+def softmax(input: Tensor, dim: int = -1, dtype=None) -> Tensor: return input.softmax(dim, dtype=dtype)
+def log_softmax(input: Tensor, dim: int = -1, dtype=None) -> Tensor: return input.log_softmax(dim, dtype=dtype)
+def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
+  return input.pad(pad, 0.0 if value is None else value, mode)
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+  n = input.abs().pow(p).sum(dim, keepdim=True).pow(1 / p) if p != 2 else input.square().sum(dim, keepdim=True).sqrt()
+  return input / n.clamp_min(eps)
+
+
+# ---- linear and convolution ------------------------------------------------------------------------------------
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+  if input.shape[-1:] != weight.shape[-1:]:
+    raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, input.shape))} and "
+                       f"{'x'.join(map(str, weight.shape[::-1]))})")
+  out = input @ weight.T
+  return out + bias if bias is not None else out
+
+
+def _tuple(v, n: int, name: str) -> tuple:
+  t = tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+  if len(t) != n or not builtins.all(isinstance(i, (int, np.integer)) for i in t):
+    raise ValueError(f"{name} must be an int or a tuple of {n} ints, got {v!r}")
+  return tuple(int(i) for i in t)
+
+
+def _batched(input: Tensor, nd: int, name: str) -> tuple[Tensor, bool]:
+  """Accept [N, C, *spatial] or unbatched [C, *spatial] like PyTorch; returns the batched view."""
+  if input.ndim == nd + 1: return input.unsqueeze(0), True
+  if input.ndim != nd + 2:
+    raise RuntimeError(f"{name}: Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input, but got input of "
+                       f"size: {list(input.shape)}")
+  return input, False
+
+
+def _conv_padding(padding, ks: tuple, dilation: tuple, stride: tuple, nd: int) -> list[tuple[int, int]]:
+  if isinstance(padding, str):
+    if padding == "valid": return [(0, 0)] * nd
+    if padding != "same": raise ValueError(f"Invalid padding string {padding!r}, should be one of ['valid', 'same']")
+    if builtins.any(s != 1 for s in stride): raise ValueError("padding='same' is not supported for strided convolutions")
+    tot = [d * (k - 1) for k, d in zip(ks, dilation)]
+    return [(t // 2, t - t // 2) for t in tot]
+  p = _tuple(padding, nd, "padding")
+  if builtins.any(v < 0 for v in p): raise RuntimeError(f"negative padding is not supported, got {p}")
+  return [(v, v) for v in p]
+
+
+def _pad_spatial(x: Tensor, pads: list[tuple[int, int]], value=0.0) -> Tensor:
+  if builtins.all(p == (0, 0) for p in pads): return x
+  return x.pad(tuple(v for lo_hi in reversed(pads) for v in lo_hi), value=value)
+
+
+def _convnd(input: Tensor, weight: Tensor, bias, stride, padding, dilation, groups: int, nd: int, name: str) -> Tensor:
+  x, unbatched = _batched(input, nd, name)
+  if weight.ndim != nd + 2:
+    raise RuntimeError(f"{name}: Expected {nd + 2}D weight, got weight of size {list(weight.shape)}")
+  ks = weight.shape[2:]
+  stride, dilation = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
+  if builtins.any(s <= 0 for s in stride): raise RuntimeError(f"non-positive stride is not supported, got {stride}")
+  if builtins.any(d <= 0 for d in dilation): raise RuntimeError(f"dilation should be greater than zero, got {dilation}")
+  N, C = x.shape[:2]
+  O, Cg = weight.shape[:2]
+  if groups <= 0: raise RuntimeError("non-positive groups is not supported")
+  if C != Cg * groups or O % groups:
+    raise RuntimeError(f"Given groups={groups}, weight of size {list(weight.shape)}, expected input{list(x.shape)} to "
+                       f"have {Cg * groups} channels, but got {C} channels instead")
+  if bias is not None and bias.shape != (O,):
+    raise RuntimeError(f"{name}: bias of shape {list(bias.shape)} does not match {O} output channels")
+  xp = _pad_spatial(x, _conv_padding(padding, ks, dilation, stride, nd))
+  for i in range(nd):
+    if xp.shape[2 + i] < dilation[i] * (ks[i] - 1) + 1:
+      raise RuntimeError(f"Calculated padded input size per channel: {tuple(xp.shape[2:])}. Kernel size: {tuple(ks)}. "
+                         f"Kernel size can't be greater than actual input size")
+  cols = _unfold(xp, ks, stride, dilation)                    # [N, C, *out, *ks]
+  out = cols.shape[2:2 + nd]
+  G, Og = groups, O // groups
+  cols = cols.reshape(N, G, Cg, *out, *ks)
+  cols = cols.permute(0, 1, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd)).unsqueeze(2)   # [N,G,1,*out,Cg,*ks]
+  w = weight.reshape(1, G, Og, *(1,) * nd, Cg, *ks)
+  y = (cols * w).sum(tuple(range(-(nd + 1), 0))).reshape(N, O, *out)
+  if bias is not None: y = y + bias.reshape(1, O, *(1,) * nd)
+  return y.squeeze(0) if unbatched else y
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+  return _convnd(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+  return _convnd(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
+
+
+def _spread(x: Tensor, dim: int, s: int) -> Tensor:
+  """Insert s-1 zeros between neighbouring elements along dim (movement ops only)."""
+  if s == 1: return x
+  n = x.shape[dim]
+  after = x.ndim - dim - 1
+  y = x.unsqueeze(dim + 1).pad((0, 0) * after + (0, s - 1)).flatten(dim, dim + 1)
+  return y.narrow(dim, 0, (n - 1) * s + 1)
+
+
+def _conv_transposend(input, weight, bias, stride, padding, output_padding, groups, dilation, nd, name) -> Tensor:
+  x, unbatched = _batched(input, nd, name)
+  if weight.ndim != nd + 2:
+    raise RuntimeError(f"{name}: Expected {nd + 2}D weight, got weight of size {list(weight.shape)}")
+  stride, dilation = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
+  padding, output_padding = _tuple(padding, nd, "padding"), _tuple(output_padding, nd, "output_padding")
+  for op, s, d in zip(output_padding, stride, dilation):
+    if op >= s and op >= d:
+      raise RuntimeError(f"output padding must be smaller than either stride or dilation, but got "
+                         f"output_padding={output_padding}, stride={stride}, dilation={dilation}")
+  C = x.shape[1]
+  Cin, Og = weight.shape[:2]
+  ks = weight.shape[2:]
+  if C != Cin or Cin % groups:
+    raise RuntimeError(f"Given transposed=1, weight of size {list(weight.shape)}, expected input{list(x.shape)} to have "
+                       f"{Cin} channels, but got {C} channels instead")
+  for i in range(nd): x = _spread(x, 2 + i, stride[i])
+  pads = []
+  for i in range(nd):
+    lo = dilation[i] * (ks[i] - 1) - padding[i]
+    pads.append((lo, lo + output_padding[i]))
+  x = x.pad(tuple(v for lo_hi in reversed(pads) for v in lo_hi))     # negative padding crops
+  G = groups
+  w = weight.reshape(G, Cin // G, Og, *ks).transpose(1, 2).reshape(G * Og, Cin // G, *ks).flip(*range(2, 2 + nd))
+  y = _convnd(x, w, bias, 1, 0, dilation, groups, nd, name)
+  return y.squeeze(0) if unbatched else y
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1):
+  return _conv_transposend(input, weight, bias, stride, padding, output_padding, groups, dilation, 1, "conv_transpose1d")
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1):
+  return _conv_transposend(input, weight, bias, stride, padding, output_padding, groups, dilation, 2, "conv_transpose2d")
+
+
+# ---- pooling ---------------------------------------------------------------------------------------------------
+
+def _pool_geometry(x: Tensor, nd: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
+  ks = _tuple(kernel_size, nd, "kernel_size")
+  st = ks if stride is None or stride == [] or stride == () else _tuple(stride, nd, "stride")
+  pd, dl = _tuple(padding, nd, "padding"), _tuple(dilation, nd, "dilation")
+  if builtins.any(k <= 0 for k in ks) or builtins.any(s <= 0 for s in st):
+    raise RuntimeError(f"kernel_size {ks} and stride {st} must be greater than zero")
+  for p, k in zip(pd, ks):
+    if p > k // 2:
+      raise RuntimeError(f"pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k}")
+  sp = x.shape[-nd:]
+  out, extra = [], []
+  for L, k, s, p, d in zip(sp, ks, st, pd, dl):
+    eff = d * (k - 1) + 1
+    num = L + 2 * p - eff
+    o = (-(-num // s) if ceil_mode else num // s) + 1
+    if ceil_mode and (o - 1) * s >= L + p: o -= 1     # the last window must start inside the input or left pad
+    if o <= 0:
+      raise RuntimeError(f"Given input size: {tuple(x.shape)}. Calculated output size is too small (kernel {ks}, "
+                         f"stride {st}, padding {pd}, dilation {dl})")
+    out.append(o)
+    extra.append(builtins.max(0, (o - 1) * s + eff - (L + 2 * p)))   # right-hand overhang of ceil_mode windows
+  return ks, st, pd, dl, out, extra
+
+
+def _max_poolnd(input, nd, kernel_size, stride, padding, dilation, ceil_mode, return_indices, name):
+  x, unbatched = _batched(input, nd, name)
+  ks, st, pd, dl, out, extra = _pool_geometry(x, nd, kernel_size, stride, padding, dilation, ceil_mode)
+  fill = -math.inf if x.dtype.is_float else int(np.iinfo(x.dtype.np).min)
+  xp = _pad_spatial(x, [(p, p + e) for p, e in zip(pd, extra)], value=fill)
+  cols = _unfold(xp, ks, st, dl)
+  K = math.prod(ks)
+  cols = cols.reshape(*cols.shape[:2 + nd], K)
+  # the gradient goes to the first maximum of each window, as PyTorch's max_pool routes it
+  first = cols.detach().argmax(-1, keepdim=True)
+  pick = fg.arange(K, device=x.device) == first
+  y = where(pick, cols, 0).sum(-1)
+  if not return_indices: return y.squeeze(0) if unbatched else y
+  # flat index into the (unpadded) input plane of each window's maximum
+  idx = first.squeeze(-1)
+  flat = None
+  rem = idx
+  for i in range(nd):
+    inner = math.prod(ks[i + 1:])
+    ki = rem // inner
+    rem = rem - ki * inner
+    o = fg.arange(out[i], device=x.device).reshape(*[out[i] if j == i else 1 for j in range(nd)])
+    pos = o * st[i] - pd[i] + ki * dl[i]
+    flat = pos if flat is None else flat * x.shape[2 + i] + pos
+  if unbatched: return y.squeeze(0), flat.squeeze(0)
+  return y, flat
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+  return _max_poolnd(input, 1, kernel_size, stride, padding, dilation, ceil_mode, return_indices, "max_pool1d")
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+  return _max_poolnd(input, 2, kernel_size, stride, padding, dilation, ceil_mode, return_indices, "max_pool2d")
+
+
+def _avg_poolnd(input, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, name):
+  x, unbatched = _batched(input, nd, name)
+  ks, st, pd, dl, out, extra = _pool_geometry(x, nd, kernel_size, stride, padding, 1, ceil_mode)
+  xp = _pad_spatial(x, [(p, p + e) for p, e in zip(pd, extra)])
+  axes = tuple(range(-nd, 0))
+  s = _unfold(xp, ks, st, dl).sum(axes)
+  if divisor_override:
+    div = divisor_override
+  elif (count_include_pad or not builtins.any(pd)) and not builtins.any(extra):
+    div = math.prod(ks)
+  else:   # count the positions each window covers: padding counts if asked, the ceil_mode overhang never does
+    ones = fg.ones(*x.shape[-nd:], device=x.device)
+    ones = _pad_spatial(ones, [(p, p) for p in pd], value=1.0 if count_include_pad else 0.0)
+    ones = _pad_spatial(ones, [(0, e) for e in extra])
+    div = _unfold(ones, ks, st, dl).sum(axes)
+  y = (s / div)._cast(x.dtype) if x.dtype.is_float else s // div
+  return y.squeeze(0) if unbatched else y
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+  return _avg_poolnd(input, 1, kernel_size, stride, padding, ceil_mode, count_include_pad, None, "avg_pool1d")
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+  return _avg_poolnd(input, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                     "avg_pool2d")
+
+
+def _adaptive_avg_poolnd(input: Tensor, output_size, nd: int, name: str) -> Tensor:
+  x, unbatched = _batched(input, nd, name)
+  osz = output_size if isinstance(output_size, (tuple, list)) else (output_size,) * nd
+  if len(osz) != nd: raise ValueError(f"{name}: output_size must have {nd} elements, got {output_size!r}")
+  for i in range(nd):
+    L, o = x.shape[2 + i], osz[i] if osz[i] is not None else x.shape[2 + i]
+    if o <= 0: raise RuntimeError(f"{name}: output size must be positive, got {tuple(osz)}")
+    dim = 2 + i
+    if L % o == 0:   # equal bins: a reshape and a mean
+      y = x.unflatten(dim, (o, L // o)).mean(dim + 1)
+    else:            # PyTorch's bins [floor(j*L/o), ceil((j+1)*L/o)): an averaging matrix
+      a = np.zeros((o, L), np.float32)
+      for j in range(o):
+        lo, hi = (j * L) // o, -(-((j + 1) * L) // o)
+        a[j, lo:hi] = 1.0 / (hi - lo)
+      m = fg.tensor(a, dtype=x.dtype, device=x.device)
+      y = (x.transpose(dim, -1) @ m.T).transpose(dim, -1)
+    x = y
+  return x.squeeze(0) if unbatched else x
+
+
+def adaptive_avg_pool1d(input, output_size): return _adaptive_avg_poolnd(input, output_size, 1, "adaptive_avg_pool1d")
+def adaptive_avg_pool2d(input, output_size): return _adaptive_avg_poolnd(input, output_size, 2, "adaptive_avg_pool2d")
+
+
+# ---- normalization -----------------------------------------------------------------------------------------------
+
+def _affine_shape(x: Tensor, c: int) -> tuple: return (1, c) + (1,) * (x.ndim - 2)
+
+
+def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+  if input.ndim < 2:
+    raise ValueError(f"batch_norm: expected 2D or more input (N, C, ...), got input of size {list(input.shape)}")
+  C = input.shape[1]
+  for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
+    if t is not None and t.shape != (C,):
+      raise RuntimeError(f"batch_norm: {name} should contain {C} elements not {t.numel()}")
+  axes = (0,) + tuple(range(2, input.ndim))
+  shp = _affine_shape(input, C)
+  if training:
+    n = input.numel() // C
+    if n <= 1: raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(input.shape)}")
+    mean = input.mean(axes, keepdim=True)
+    var = (input - mean).square().mean(axes, keepdim=True)
+    if running_mean is not None:
+      with fg.no_grad():
+        running_mean._assign(((1 - momentum) * running_mean + momentum * mean.detach().reshape(C))._cast(running_mean.dtype))
+    if running_var is not None:
+      with fg.no_grad():
+        unbiased = var.detach().reshape(C) * (n / (n - 1))
+        running_var._assign(((1 - momentum) * running_var + momentum * unbiased)._cast(running_var.dtype))
+  else:
+    if running_mean is None or running_var is None:
+      raise RuntimeError("batch_norm in eval mode needs running_mean and running_var")
+    mean, var = running_mean.reshape(shp), running_var.reshape(shp)
+  y = (input - mean) * (var + eps).rsqrt()
+  if weight is not None: y = y * weight.reshape(shp)
+  if bias is not None: y = y + bias.reshape(shp)
+  return y
+
+
+def _check_normalized_shape(input: Tensor, normalized_shape, name: str) -> tuple:
+  ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+  if len(ns) == 0 or tuple(input.shape[-len(ns):]) != ns or input.ndim < len(ns):
+    raise RuntimeError(f"{name}: Given normalized_shape={list(ns)}, expected input with shape [*, "
+                       f"{', '.join(map(str, ns))}], but got input of size {list(input.shape)}")
+  return ns
+
+
+def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+  ns = _check_normalized_shape(input, normalized_shape, "layer_norm")
+  axes = tuple(range(-len(ns), 0))
+  mean = input.mean(axes, keepdim=True)
+  xc = input - mean
+  y = xc * (xc.square().mean(axes, keepdim=True) + eps).rsqrt()
+  if weight is not None: y = y * weight
+  if bias is not None: y = y + bias
+  return y
+
+
+def rms_norm(input: Tensor, normalized_shape, weight=None, eps: float | None = None) -> Tensor:
+  ns = _check_normalized_shape(input, normalized_shape, "rms_norm")
+  if eps is None: eps = {dt.float64: 2.220446049250313e-16, dt.float16: 0.0009765625, dt.bfloat16: 0.0078125}.get(
+      input.dtype, 1.1920928955078125e-07)   # torch.finfo(input.dtype).eps
+  axes = tuple(range(-len(ns), 0))
+  y = input * (input.square().mean(axes, keepdim=True) + eps).rsqrt()
+  return y * weight if weight is not None else y
+
+
+def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+  if input.ndim < 2: raise RuntimeError(f"group_norm: expected at least 2D input, got {list(input.shape)}")
+  N, C = input.shape[:2]
+  if num_groups <= 0 or C % num_groups:
+    raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got input of shape "
+                       f"{list(input.shape)} and num_groups={num_groups}")
+  x = input.reshape(N, num_groups, -1)
+  mean = x.mean(-1, keepdim=True)
+  xc = x - mean
+  y = (xc * (xc.square().mean(-1, keepdim=True) + eps).rsqrt()).reshape(input.shape)
+  shp = _affine_shape(input, C)
+  if weight is not None: y = y * weight.reshape(shp)
+  if bias is not None: y = y + bias.reshape(shp)
+  return y
+
+
+# ---- embedding, dropout, attention -------------------------------------------------------------------------------
+
+def _check_index(t: Tensor, name: str) -> None:
+  if not isinstance(t, Tensor) or t.dtype.is_float or t.dtype.is_bool:
+    raise RuntimeError(f"{name}: Expected tensor for argument #1 'indices' to have one of the following scalar types: "
+                       f"Long, Int; but got {getattr(t, 'dtype', type(t).__name__)} instead")
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+  _check_index(input, "embedding")
+  out = weight[input]
+  if padding_idx is not None:   # that row gets no gradient
+    if padding_idx < 0: padding_idx += weight.shape[0]
+    out = where((input == padding_idx).unsqueeze(-1), out.detach(), out)
+  return out
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+  if not 0.0 <= p <= 1.0: raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+  if not training or p == 0.0: return input
+  if p == 1.0: return input * 0
+  keep = fg.rand(*input.shape, device=input.device) >= p
+  return where(keep, input * (1.0 / (1.0 - p)), 0)._cast(input.dtype)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+  """softmax(q @ k^T * scale + mask) @ v over [..., L, E] x [..., S, E] x [..., S, Ev]."""
+  if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
+    raise RuntimeError(f"scaled_dot_product_attention: expected at least 2D query/key/value, got {list(query.shape)}, "
+                       f"{list(key.shape)}, {list(value.shape)}")
+  if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+    raise RuntimeError(f"scaled_dot_product_attention: shapes do not fit: query {list(query.shape)}, key "
+                       f"{list(key.shape)}, value {list(value.shape)}")
+  if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+    hq, hk = query.shape[-3], key.shape[-3]
+    if hq % hk: raise RuntimeError(f"number of query heads {hq} must be a multiple of key/value heads {hk}")
+    key = key.unsqueeze(-3).expand(*key.shape[:-2], hq // hk, *key.shape[-2:]).flatten(-4, -3)
+    value = value.unsqueeze(-3).expand(*value.shape[:-2], hq // hk, *value.shape[-2:]).flatten(-4, -3)
+  L, S = query.shape[-2], key.shape[-2]
+  s = (query @ key.transpose(-2, -1)) * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+  if is_causal:
+    if attn_mask is not None: raise RuntimeError("scaled_dot_product_attention: pass either attn_mask or is_causal")
+    attn_mask = fg.ones(L, S, dtype=fg.bool, device=query.device).tril()
+  if attn_mask is not None:
+    s = s.masked_fill(attn_mask.logical_not(), -math.inf) if attn_mask.dtype.is_bool else s + attn_mask
+  p = s.softmax(-1)
+  if dropout_p > 0: p = dropout(p, dropout_p)
+  return p @ value
+
+
+# ---- losses ------------------------------------------------------------------------------------------------------
+
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+  if reduction == "mean": return loss.mean()
+  if reduction == "sum": return loss.sum()
+  if reduction == "none": return loss
+  raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def _check_same(input: Tensor, target: Tensor, name: str) -> tuple[Tensor, Tensor]:
+  if not isinstance(target, Tensor): raise TypeError(f"{name}: target must be a Tensor, got {type(target).__name__}")
+  if input.shape != target.shape: fg.broadcast_shapes(input.shape, target.shape)   # raises naming both shapes
+  return input, target
+
+
+def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+  input, target = _check_same(input, target, "mse_loss")
+  return _reduce((input - target).square(), reduction)
+
+
+def l1_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+  input, target = _check_same(input, target, "l1_loss")
+  return _reduce((input - target).abs(), reduction)
+
+
+def smooth_l1_loss(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+  input, target = _check_same(input, target, "smooth_l1_loss")
+  if beta < 0: raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
+  d = (input - target).abs()
+  if beta == 0: return _reduce(d, reduction)
+  return _reduce(where(d < beta, 0.5 * d.square() / beta, d - 0.5 * beta), reduction)
+
+
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+  input, target = _check_same(input, target, "huber_loss")
+  d = (input - target).abs()
+  return _reduce(where(d < delta, 0.5 * d.square(), delta * (d - 0.5 * delta)), reduction)
+
+
+def _check_target_values(target: Tensor, C: int, ignore_index: int) -> None:
+  """Class indices that already exist are checked here (a lazy target cannot be checked without running it)."""
+  if target.node.realized or target.node.op == "BUFFER":
+    v = target.numpy()
+    bad = v[(v != ignore_index) & ((v < 0) | (v >= C))]
+    if bad.size: raise IndexError(f"Target {bad.flat[0]} is out of bounds (number of classes {C}).")
+
+
+def _class_loss(logp: Tensor, target: Tensor, weight, ignore_index: int, reduction: str, label_smoothing: float,
+                name: str) -> Tensor:
+  """The nll of class-index targets over log-probabilities logp [N, C, *] (or [C]), with PyTorch's weighting,
+  ignore_index and label smoothing; one-hot selects (no gather) so it fuses with the log_softmax."""
+  if reduction not in ("mean", "sum", "none"): raise ValueError(f"{reduction} is not a valid value for reduction")
+  unbatched = logp.ndim == 1
+  if unbatched: logp, target = logp.unsqueeze(0), target.reshape(1)
+  N, C = logp.shape[:2]
+  if target.shape != (N,) + logp.shape[2:]:
+    if target.ndim and target.shape[0] != N:
+      raise ValueError(f"Expected input batch_size ({N}) to match target batch_size ({target.shape[0]}).")
+    raise RuntimeError(f"{name}: expected target of size {[N] + list(logp.shape[2:])}, got {list(target.shape)}")
+  if weight is not None and weight.shape != (C,):
+    raise RuntimeError(f"{name}: weight tensor should be defined either for all {C} classes or no classes but got "
+                       f"weight tensor of shape: {list(weight.shape)}")
+  _check_target_values(target, C, ignore_index)
+  extra = (1,) * (logp.ndim - 2)
+  valid = target != ignore_index
+  cls = fg.arange(C, device=logp.device).reshape(1, C, *extra)
+  onehot = target.unsqueeze(1) == cls                                     # [N, C, *]
+  wc = weight.reshape(1, C, *extra)._cast(logp.dtype) if weight is not None else None
+  picked = where(onehot, logp, 0)
+  if wc is not None: picked = picked * wc
+  nll = -picked.sum(1) * valid                                            # [N, *]
+  wt = (where(onehot, wc, 0).sum(1) * valid) if wc is not None else valid._cast(logp.dtype)
+  if label_smoothing > 0:
+    sm = -((logp * wc) if wc is not None else logp).sum(1) * valid
+    if reduction == "mean": out = (1 - label_smoothing) * nll.sum() / wt.sum() + label_smoothing / C * sm.sum() / wt.sum()
+    elif reduction == "sum": out = (1 - label_smoothing) * nll.sum() + label_smoothing / C * sm.sum()
+    else: out = (1 - label_smoothing) * nll + label_smoothing / C * sm
+  elif reduction == "mean": out = nll.sum() / wt.sum()
+  elif reduction in ("sum", "none"): out = _reduce(nll, reduction)
+  return out.squeeze(0) if unbatched and reduction == "none" else out
+
+
+def nll_loss(input: Tensor, target: Tensor, weight=None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+  _check_index(target, "nll_loss")
+  if input.ndim < 1: raise ValueError(f"nll_loss: expected 1D or more input, got {list(input.shape)}")
+  return _class_loss(input, target, weight, ignore_index, reduction, 0.0, "nll_loss")
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight=None, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+  if not 0.0 <= label_smoothing <= 1.0:
+    raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+  if reduction not in ("mean", "sum", "none"): raise ValueError(f"{reduction} is not a valid value for reduction")
+  if input.ndim < 1: raise ValueError(f"cross_entropy: expected 1D or more input, got {list(input.shape)}")
+  cdim = 0 if input.ndim == 1 else 1
+  logp = input.log_softmax(cdim)
+  if isinstance(target, Tensor) and target.dtype.is_float:     # class probabilities
+    if target.shape != input.shape:
+      raise RuntimeError(f"cross_entropy: probability target of size {list(target.shape)} must match input size "
+                         f"{list(input.shape)}")
+    C = input.shape[cdim]
+    t = target * (1 - label_smoothing) + label_smoothing / C if label_smoothing > 0 else target
+    terms = logp * t
+    if weight is not None: terms = terms * weight.reshape(C, *(1,) * (input.ndim - cdim - 1))
+    loss = -terms.sum(cdim)
+    if reduction == "mean": return loss.sum() / builtins.max(1, input.numel() // C)
+    return _reduce(loss, reduction)
+  _check_index(target, "cross_entropy")
+  return _class_loss(logp, target, weight, ignore_index, reduction, label_smoothing, "cross_entropy")
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight=None, reduction: str = "mean") -> Tensor:
+  if target.shape != input.shape:
+    raise ValueError(f"Using a target size ({tuple(target.shape)}) that is different to the input size "
+                     f"({tuple(input.shape)}) is deprecated. Please ensure they have the same size.")
+  # PyTorch clamps the logs at -100 so that 0 * log(0) stays finite
+  loss = -(target * input.log().clamp_min(-100) + (1 - target) * (1 - input).log().clamp_min(-100))
+  if weight is not None: loss = loss * weight
+  return _reduce(loss, reduction)
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight=None, reduction: str = "mean",
+                                     pos_weight=None) -> Tensor:
+  if target.shape != input.shape:
+    raise ValueError(f"Target size ({tuple(target.shape)}) must be the same as input size ({tuple(input.shape)})")
+  # log(1 + exp(-|x|)) + max(-x, 0) is log(1 + exp(-x)) without overflow
+  sp = (-input.abs()).exp().log1p() + (-input).relu()
+  if pos_weight is not None:
+    loss = (1 - target) * input + ((pos_weight - 1) * target + 1) * sp
+  else:
+    loss = (1 - target) * input + sp
+  if weight is not None: loss = loss * weight
+  return _reduce(loss, reduction)
+
+
+def kl_div(input: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
+  if log_target: loss = target.exp() * (target - input)
+  else: loss = where(target > 0, target * where(target > 0, target, 1).log(), 0) - target * input
+  if reduction == "batchmean": return loss.sum() / (input.shape[0] if input.ndim else 1)
+  return _reduce(loss, reduction)
+
+
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+  if not isinstance(tensor, Tensor) or tensor.dtype != dt.int64:
+    raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+  if num_classes == -1:
+    if tensor.numel() == 0: raise RuntimeError("Can not infer total number of classes from empty tensor.")
+    num_classes = int(tensor.max().item()) + 1
+  if tensor.node.realized or tensor.node.op == "BUFFER":
+    v = tensor.numpy()
+    if v.size and (v.min() < 0 or v.max() >= num_classes): raise RuntimeError("Class values must be smaller than num_classes.")
+  return (tensor.unsqueeze(-1) == fg.arange(num_classes, device=tensor.device))._cast(dt.int64)

@@ -1,0 +1,522 @@
+"""Layers with PyTorch's constructor arguments, parameter names, shapes and default initialisation."""
+from __future__ import annotations
+import math
+import fusegrad as fg
+from fusegrad.tensor import Tensor
+from fusegrad.nn import functional as F, init
+from fusegrad.nn.module import Module, Parameter
+
+
+def _empty(*shape, device=None, dtype=None) -> Parameter:
+  return Parameter(fg.zeros(*shape, device=device, dtype=dtype))
+
+
+def _default_uniform(weight: Tensor, bias: Tensor | None) -> None:
+  """PyTorch's Linear/Conv default: kaiming_uniform(a=sqrt(5)) weights, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) bias."""
+  init.kaiming_uniform_(weight, a=math.sqrt(5))
+  if bias is not None:
+    fan_in, _ = init._calculate_fan_in_and_fan_out(weight)
+    bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+    init.uniform_(bias, -bound, bound)
+
+
+class Identity(Module):
+  def __init__(self, *args, **kwargs): super().__init__()
+  def forward(self, input): return input
+
+
+class Linear(Module):
+  def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+    super().__init__()
+    self.in_features, self.out_features = in_features, out_features
+    self.weight = _empty(out_features, in_features, device=device, dtype=dtype)
+    self.bias = _empty(out_features, device=device, dtype=dtype) if bias else None
+    if not bias: self.register_parameter("bias", None)
+    self.reset_parameters()
+
+  def reset_parameters(self) -> None: _default_uniform(self.weight, self.bias)
+  def forward(self, input: Tensor) -> Tensor: return F.linear(input, self.weight, self.bias)
+  def extra_repr(self) -> str:
+    return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class _ConvNd(Module):
+  _nd = 0
+  _transposed = False
+
+  def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+               bias: bool = True, padding_mode: str = "zeros", output_padding=0, device=None, dtype=None):
+    super().__init__()
+    nd = self._nd
+    if groups <= 0: raise ValueError("groups must be a positive integer")
+    if in_channels % groups: raise ValueError("in_channels must be divisible by groups")
+    if out_channels % groups: raise ValueError("out_channels must be divisible by groups")
+    if padding_mode not in ("zeros", "reflect", "replicate", "circular"):
+      raise ValueError(f"padding_mode must be one of 'zeros', 'reflect', 'replicate' or 'circular', got {padding_mode!r}")
+    if isinstance(padding, str):
+      if padding not in ("same", "valid"): raise ValueError(f"Invalid padding string {padding!r}")
+      if padding == "same" and any(s != 1 for s in F._tuple(stride, nd, "stride")):
+        raise ValueError("padding='same' is not supported for strided convolutions")
+    self.in_channels, self.out_channels, self.groups, self.padding_mode = in_channels, out_channels, groups, padding_mode
+    self.kernel_size = F._tuple(kernel_size, nd, "kernel_size")
+    self.stride, self.dilation = F._tuple(stride, nd, "stride"), F._tuple(dilation, nd, "dilation")
+    self.padding = padding if isinstance(padding, str) else F._tuple(padding, nd, "padding")
+    self.output_padding = F._tuple(output_padding, nd, "output_padding")
+    shape = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
+    self.weight = _empty(*shape, *self.kernel_size, device=device, dtype=dtype)
+    if bias: self.bias = _empty(out_channels, device=device, dtype=dtype)
+    else: self.register_parameter("bias", None)
+    self.reset_parameters()
+
+  def reset_parameters(self) -> None: _default_uniform(self.weight, self.bias)
+
+  def _padded(self, input: Tensor) -> tuple[Tensor, object]:
+    if self.padding_mode == "zeros": return input, self.padding
+    pads = F._conv_padding(self.padding, self.kernel_size, self.dilation, self.stride, self._nd)
+    return input.pad(tuple(v for lo_hi in reversed(pads) for v in lo_hi), mode=self.padding_mode), 0
+
+  def extra_repr(self) -> str:
+    s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+    if self.padding != (0,) * self._nd: s += f", padding={self.padding}"
+    if self.dilation != (1,) * self._nd: s += f", dilation={self.dilation}"
+    if self.output_padding != (0,) * self._nd: s += f", output_padding={self.output_padding}"
+    if self.groups != 1: s += f", groups={self.groups}"
+    if self.bias is None: s += ", bias=False"
+    if self.padding_mode != "zeros": s += f", padding_mode={self.padding_mode}"
+    return s
+
+
+class Conv1d(_ConvNd):
+  _nd = 1
+  def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+               padding_mode="zeros", device=None, dtype=None):
+    super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+                     device=device, dtype=dtype)
+  def forward(self, input):
+    x, p = self._padded(input)
+    return F.conv1d(x, self.weight, self.bias, self.stride, p, self.dilation, self.groups)
+
+
+class Conv2d(_ConvNd):
+  _nd = 2
+  def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+               padding_mode="zeros", device=None, dtype=None):
+    super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+                     device=device, dtype=dtype)
+  def forward(self, input):
+    x, p = self._padded(input)
+    return F.conv2d(x, self.weight, self.bias, self.stride, p, self.dilation, self.groups)
+
+
+class ConvTranspose1d(_ConvNd):
+  _nd, _transposed = 1, True
+  def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1, bias=True,
+               dilation=1, padding_mode="zeros", device=None, dtype=None):
+    if padding_mode != "zeros": raise ValueError('Only "zeros" padding mode is supported for ConvTranspose1d')
+    super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+                     output_padding, device, dtype)
+  def forward(self, input):
+    return F.conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                              self.groups, self.dilation)
+
+
+class ConvTranspose2d(_ConvNd):
+  _nd, _transposed = 2, True
+  def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1, bias=True,
+               dilation=1, padding_mode="zeros", device=None, dtype=None):
+    if padding_mode != "zeros": raise ValueError('Only "zeros" padding mode is supported for ConvTranspose2d')
+    super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+                     output_padding, device, dtype)
+  def forward(self, input):
+    return F.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                              self.groups, self.dilation)
+
+
+class _MaxPoolNd(Module):
+  _nd = 0
+  def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
+    super().__init__()
+    self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride or kernel_size, padding, dilation
+    self.return_indices, self.ceil_mode = return_indices, ceil_mode
+  def forward(self, input):
+    return F._max_poolnd(input, self._nd, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                         self.return_indices, type(self).__name__)
+  def extra_repr(self) -> str:
+    return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
+            f"ceil_mode={self.ceil_mode}")
+
+
+class MaxPool1d(_MaxPoolNd): _nd = 1
+class MaxPool2d(_MaxPoolNd): _nd = 2
+
+
+class _AvgPoolNd(Module):
+  _nd = 0
+  def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    super().__init__()
+    self.kernel_size, self.stride, self.padding = kernel_size, stride or kernel_size, padding
+    self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
+  def forward(self, input):
+    return F._avg_poolnd(input, self._nd, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                         self.count_include_pad, self.divisor_override, type(self).__name__)
+  def extra_repr(self) -> str: return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool1d(_AvgPoolNd): _nd = 1
+class AvgPool2d(_AvgPoolNd): _nd = 2
+
+
+class AdaptiveAvgPool1d(Module):
+  def __init__(self, output_size):
+    super().__init__()
+    self.output_size = output_size
+  def forward(self, input): return F.adaptive_avg_pool1d(input, self.output_size)
+  def extra_repr(self) -> str: return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool2d(AdaptiveAvgPool1d):
+  def forward(self, input): return F.adaptive_avg_pool2d(input, self.output_size)
+
+
+class _BatchNorm(Module):
+  _dims: tuple = ()
+  def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+               track_running_stats: bool = True, device=None, dtype=None):
+    super().__init__()
+    self.num_features, self.eps, self.momentum = num_features, eps, momentum
+    self.affine, self.track_running_stats = affine, track_running_stats
+    if affine:
+      self.weight = Parameter(fg.ones(num_features, device=device, dtype=dtype))
+      self.bias = Parameter(fg.zeros(num_features, device=device, dtype=dtype))
+    else:
+      self.register_parameter("weight", None)
+      self.register_parameter("bias", None)
+    if track_running_stats:
+      self.register_buffer("running_mean", fg.zeros(num_features, device=device, dtype=dtype))
+      self.register_buffer("running_var", fg.ones(num_features, device=device, dtype=dtype))
+      self.register_buffer("num_batches_tracked", fg.tensor(0, dtype=fg.int64, device=device))
+    else:
+      self.register_buffer("running_mean", None)
+      self.register_buffer("running_var", None)
+      self.register_buffer("num_batches_tracked", None)
+
+  def reset_running_stats(self) -> None:
+    if self.track_running_stats:
+      self.running_mean.zero_(); self.running_var.fill_(1); self.num_batches_tracked.zero_()
+
+  def forward(self, input: Tensor) -> Tensor:
+    if input.ndim not in self._dims:
+      raise ValueError(f"expected {' or '.join(f'{d}D' for d in self._dims)} input (got {input.ndim}D input)")
+    use_batch = self.training or not self.track_running_stats
+    track = self.training and self.track_running_stats
+    momentum = self.momentum if self.momentum is not None else 0.0
+    if track:
+      # the running stats are lazy values: realize the last step's before chaining another one onto them
+      pending = [t for t in (self.running_mean, self.running_var, self.num_batches_tracked)
+                 if not t.node.realized and t.node.op not in ("BUFFER", "CONST")]
+      if pending: fg.realize(*pending)
+      with fg.no_grad():
+        self.num_batches_tracked += 1
+        if self.momentum is None: momentum = 1.0 / self.num_batches_tracked.float()   # cumulative average, lazily
+    stats = track or not use_batch
+    return F.batch_norm(input, self.running_mean if stats else None, self.running_var if stats else None,
+                        self.weight, self.bias, use_batch, momentum, self.eps)
+
+  def extra_repr(self) -> str:
+    return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+            f"track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm): _dims = (2, 3)
+class BatchNorm2d(_BatchNorm): _dims = (4,)
+
+
+class LayerNorm(Module):
+  def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+               device=None, dtype=None):
+    super().__init__()
+    self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    self.eps, self.elementwise_affine = eps, elementwise_affine
+    if elementwise_affine:
+      self.weight = Parameter(fg.ones(*self.normalized_shape, device=device, dtype=dtype))
+      if bias: self.bias = Parameter(fg.zeros(*self.normalized_shape, device=device, dtype=dtype))
+      else: self.register_parameter("bias", None)
+    else:
+      self.register_parameter("weight", None)
+      self.register_parameter("bias", None)
+  def forward(self, input): return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+  def extra_repr(self) -> str:
+    return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(Module):
+  def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, device=None,
+               dtype=None):
+    super().__init__()
+    self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    self.eps, self.elementwise_affine = eps, elementwise_affine
+    if elementwise_affine: self.weight = Parameter(fg.ones(*self.normalized_shape, device=device, dtype=dtype))
+    else: self.register_parameter("weight", None)
+  def forward(self, input): return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+  def extra_repr(self) -> str:
+    return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class GroupNorm(Module):
+  def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, device=None,
+               dtype=None):
+    super().__init__()
+    if num_channels % num_groups: raise ValueError("num_channels must be divisible by num_groups")
+    self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+    if affine:
+      self.weight = Parameter(fg.ones(num_channels, device=device, dtype=dtype))
+      self.bias = Parameter(fg.zeros(num_channels, device=device, dtype=dtype))
+    else:
+      self.register_parameter("weight", None)
+      self.register_parameter("bias", None)
+  def forward(self, input): return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+  def extra_repr(self) -> str: return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class Embedding(Module):
+  def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, _weight=None,
+               device=None, dtype=None):
+    super().__init__()
+    if padding_idx is not None:
+      if not -num_embeddings <= padding_idx < num_embeddings:
+        raise AssertionError("Padding_idx must be within num_embeddings")
+      if padding_idx < 0: padding_idx += num_embeddings
+    self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+    if _weight is not None:
+      if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+        raise AssertionError("Shape of weight does not match num_embeddings and embedding_dim")
+      self.weight = Parameter(_weight)
+    else:
+      self.weight = _empty(num_embeddings, embedding_dim, device=device, dtype=dtype)
+      self.reset_parameters()
+
+  def reset_parameters(self) -> None:
+    init.normal_(self.weight)
+    if self.padding_idx is not None:
+      with fg.no_grad(): self.weight[self.padding_idx] = 0.0
+
+  def forward(self, input): return F.embedding(input, self.weight, self.padding_idx)
+  def extra_repr(self) -> str:
+    return f"{self.num_embeddings}, {self.embedding_dim}" + (f", padding_idx={self.padding_idx}"
+                                                             if self.padding_idx is not None else "")
+
+
+class Dropout(Module):
+  def __init__(self, p: float = 0.5, inplace: bool = False):
+    super().__init__()
+    if not 0.0 <= p <= 1.0: raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    self.p = p
+  def forward(self, input): return F.dropout(input, self.p, self.training)
+  def extra_repr(self) -> str: return f"p={self.p}"
+
+
+class Flatten(Module):
+  def __init__(self, start_dim: int = 1, end_dim: int = -1):
+    super().__init__()
+    self.start_dim, self.end_dim = start_dim, end_dim
+  def forward(self, input): return input.flatten(self.start_dim, self.end_dim)
+
+
+class Unflatten(Module):
+  def __init__(self, dim: int, unflattened_size):
+    super().__init__()
+    self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+  def forward(self, input): return input.unflatten(self.dim, self.unflattened_size)
+
+
+class MultiheadAttention(Module):
+  """PyTorch's layout: in_proj_weight [3E, E] (or q/k/v_proj_weight when kdim/vdim differ), in_proj_bias,
+  out_proj (a Linear); batch_first selects [N, L, E] over [L, N, E]."""
+
+  def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, add_bias_kv: bool = False,
+               add_zero_attn: bool = False, kdim: int | None = None, vdim: int | None = None, batch_first: bool = False,
+               device=None, dtype=None):
+    super().__init__()
+    if embed_dim <= 0 or num_heads <= 0:
+      raise ValueError(f"embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} and "
+                       f"num_heads={num_heads} instead")
+    if embed_dim % num_heads: raise AssertionError("embed_dim must be divisible by num_heads")
+    if add_bias_kv or add_zero_attn: raise NotImplementedError("add_bias_kv and add_zero_attn are not supported")
+    self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
+    self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
+    self.head_dim = embed_dim // num_heads
+    self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+    E = embed_dim
+    if self._qkv_same_embed_dim:
+      self.in_proj_weight = _empty(3 * E, E, device=device, dtype=dtype)
+      for n in ("q_proj_weight", "k_proj_weight", "v_proj_weight"): self.register_parameter(n, None)
+    else:
+      self.q_proj_weight = _empty(E, E, device=device, dtype=dtype)
+      self.k_proj_weight = _empty(E, self.kdim, device=device, dtype=dtype)
+      self.v_proj_weight = _empty(E, self.vdim, device=device, dtype=dtype)
+      self.register_parameter("in_proj_weight", None)
+    if bias: self.in_proj_bias = _empty(3 * E, device=device, dtype=dtype)
+    else: self.register_parameter("in_proj_bias", None)
+    self.out_proj = Linear(E, E, bias=bias, device=device, dtype=dtype)
+    self._reset_parameters()
+
+  def _reset_parameters(self) -> None:
+    if self._qkv_same_embed_dim: init.xavier_uniform_(self.in_proj_weight)
+    else:
+      for w in (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight): init.xavier_uniform_(w)
+    if self.in_proj_bias is not None:
+      init.zeros_(self.in_proj_bias)
+      init.zeros_(self.out_proj.bias)
+
+  def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
+              need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+              is_causal: bool = False):
+    unbatched = query.ndim == 2
+    if unbatched: query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    elif self.batch_first: query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+    if query.ndim != 3 or query.shape[-1] != self.embed_dim:
+      raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but got query of shape "
+                           f"{list(query.shape)}")
+    L, N, E = query.shape
+    S = key.shape[0]
+    H, D = self.num_heads, self.head_dim
+    b = self.in_proj_bias
+    bq, bk, bv = (b[:E], b[E:2 * E], b[2 * E:]) if b is not None else (None, None, None)
+    if self._qkv_same_embed_dim:
+      wq, wk, wv = self.in_proj_weight[:E], self.in_proj_weight[E:2 * E], self.in_proj_weight[2 * E:]
+    else:
+      wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+    q = F.linear(query, wq, bq).reshape(L, N * H, D).transpose(0, 1)     # [N*H, L, D]
+    k = F.linear(key, wk, bk).reshape(S, N * H, D).transpose(0, 1)
+    v = F.linear(value, wv, bv).reshape(S, N * H, D).transpose(0, 1)
+    mask = None
+    if attn_mask is not None:
+      mask = attn_mask if attn_mask.ndim == 3 else attn_mask.unsqueeze(0)
+      if attn_mask.dtype.is_bool: mask = fg.zeros(*mask.shape, device=q.device).masked_fill(mask, -math.inf)
+      if mask.shape[0] == N * H: mask = mask.reshape(N, H, L, S)
+      else: mask = mask.reshape(1, 1, L, S)
+    elif is_causal:
+      mask = fg.zeros(L, S, device=q.device).masked_fill(fg.ones(L, S, dtype=fg.bool, device=q.device).tril()
+                                                         .logical_not(), -math.inf).reshape(1, 1, L, S)
+    if key_padding_mask is not None:
+      kpm = key_padding_mask.reshape(N, 1, 1, S)
+      kpm = fg.zeros(N, 1, 1, S, device=q.device).masked_fill(kpm, -math.inf) if kpm.dtype.is_bool else kpm
+      mask = kpm if mask is None else mask + kpm
+    scores = (q @ k.transpose(1, 2)).reshape(N, H, L, S) * (1.0 / math.sqrt(D))
+    if mask is not None: scores = scores + mask
+    attn = scores.softmax(-1)
+    p = F.dropout(attn, self.dropout, self.training) if self.dropout > 0 else attn
+    out = (p.reshape(N * H, L, S) @ v).transpose(0, 1).reshape(L, N, E)
+    out = self.out_proj(out)
+    if unbatched: out = out.squeeze(1)
+    elif self.batch_first: out = out.transpose(0, 1)
+    if not need_weights: return out, None
+    w = attn.mean(1) if average_attn_weights else attn
+    return out, (w.squeeze(0) if unbatched else w)
+
+
+# ---- activations as modules ---------------------------------------------------------------------------------------
+
+def _activation(name: str, fn, params: tuple = (), defaults: tuple = ()):
+  def __init__(self, *args, **kwargs):
+    Module.__init__(self)
+    vals = dict(zip(params, defaults))
+    vals.update(zip(params, args))
+    for k, v in kwargs.items():
+      if k == "inplace": continue
+      if k not in params: raise TypeError(f"{name}.__init__() got an unexpected keyword argument '{k}'")
+      vals[k] = v
+    for k, v in vals.items(): setattr(self, k, v)
+  def forward(self, input): return fn(input, *[getattr(self, k) for k in params])
+  def extra_repr(self): return ", ".join(f"{k}={getattr(self, k)}" for k in params)
+  return type(name, (Module,), {"__init__": __init__, "forward": forward, "extra_repr": extra_repr})
+
+
+ReLU = _activation("ReLU", F.relu)
+ReLU6 = _activation("ReLU6", F.relu6)
+LeakyReLU = _activation("LeakyReLU", F.leaky_relu, ("negative_slope",), (0.01,))
+ELU = _activation("ELU", F.elu, ("alpha",), (1.0,))
+GELU = _activation("GELU", F.gelu, ("approximate",), ("none",))
+SiLU = _activation("SiLU", F.silu)
+Mish = _activation("Mish", F.mish)
+Softplus = _activation("Softplus", F.softplus, ("beta", "threshold"), (1.0, 20.0))
+Sigmoid = _activation("Sigmoid", F.sigmoid)
+Tanh = _activation("Tanh", F.tanh)
+Hardtanh = _activation("Hardtanh", F.hardtanh, ("min_val", "max_val"), (-1.0, 1.0))
+Hardsigmoid = _activation("Hardsigmoid", F.hardsigmoid)
+Hardswish = _activation("Hardswish", F.hardswish)
+LogSigmoid = _activation("LogSigmoid", F.logsigmoid)
+Softmax = _activation("Softmax", lambda x, dim: x.softmax(dim if dim is not None else -1), ("dim",), (None,))
+LogSoftmax = _activation("LogSoftmax", lambda x, dim: x.log_softmax(dim if dim is not None else -1), ("dim",), (None,))
+
+
+# ---- losses as modules --------------------------------------------------------------------------------------------
+
+class _Loss(Module):
+  def __init__(self, reduction: str = "mean"):
+    super().__init__()
+    if reduction not in ("mean", "sum", "none", "batchmean"): raise ValueError(f"{reduction} is not a valid value for reduction")
+    self.reduction = reduction
+
+
+class MSELoss(_Loss):
+  def forward(self, input, target): return F.mse_loss(input, target, self.reduction)
+
+
+class L1Loss(_Loss):
+  def forward(self, input, target): return F.l1_loss(input, target, self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+  def __init__(self, reduction: str = "mean", beta: float = 1.0):
+    super().__init__(reduction)
+    self.beta = beta
+  def forward(self, input, target): return F.smooth_l1_loss(input, target, self.reduction, self.beta)
+
+
+class HuberLoss(_Loss):
+  def __init__(self, reduction: str = "mean", delta: float = 1.0):
+    super().__init__(reduction)
+    self.delta = delta
+  def forward(self, input, target): return F.huber_loss(input, target, self.reduction, self.delta)
+
+
+class _WeightedLoss(_Loss):
+  def __init__(self, weight: Tensor | None = None, reduction: str = "mean"):
+    super().__init__(reduction)
+    self.register_buffer("weight", weight)
+
+
+class CrossEntropyLoss(_WeightedLoss):
+  def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+    super().__init__(weight, reduction)
+    self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+  def forward(self, input, target):
+    return F.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing)
+
+
+class NLLLoss(_WeightedLoss):
+  def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean"):
+    super().__init__(weight, reduction)
+    self.ignore_index = ignore_index
+  def forward(self, input, target): return F.nll_loss(input, target, self.weight, self.ignore_index, self.reduction)
+
+
+class BCELoss(_WeightedLoss):
+  def forward(self, input, target): return F.binary_cross_entropy(input, target, self.weight, self.reduction)
+
+
+class BCEWithLogitsLoss(_WeightedLoss):
+  def __init__(self, weight=None, reduction: str = "mean", pos_weight=None):
+    super().__init__(weight, reduction)
+    self.register_buffer("pos_weight", pos_weight)
+  def forward(self, input, target):
+    return F.binary_cross_entropy_with_logits(input, target, self.weight, self.reduction, self.pos_weight)
+
+
+class KLDivLoss(_Loss):
+  def __init__(self, reduction: str = "mean", log_target: bool = False):
+    super().__init__(reduction)
+    self.log_target = log_target
+  def forward(self, input, target): return F.kl_div(input, target, self.reduction, self.log_target)

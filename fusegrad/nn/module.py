@@ -1,0 +1,334 @@
+"""Module, Parameter and the containers: PyTorch's registration rules and state-dict protocol."""
+from __future__ import annotations
+from collections import OrderedDict, namedtuple
+from typing import Iterator
+import fusegrad as fg
+from fusegrad import dtype as dt
+from fusegrad.tensor import Tensor
+
+
+class Parameter(Tensor):
+  """A Tensor that a Module registers as a parameter (requires grad by default)."""
+  __slots__ = ()
+
+  def __init__(self, data: Tensor | None = None, requires_grad: bool = True):
+    if data is None: data = fg.empty(0)
+    if not isinstance(data, Tensor): data = fg.tensor(data)
+    super().__init__(_node=data.detach().node)
+    if requires_grad: self.requires_grad_()
+
+  def __repr__(self) -> str: return "Parameter containing:\n" + super().__repr__()
+
+
+def _set_value(t: Tensor, value: Tensor) -> None:
+  """Give a leaf tensor (parameter, buffer) a new value in place, keeping its identity (optimizers hold it)."""
+  t.node = value.detach().node
+
+
+_IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+class Module:
+  """Base class of layers: attributes that are Parameters, buffers or Modules are registered in assignment
+  order, and `parameters()`, `state_dict()`, `to()`, `train()` walk them."""
+  training: bool
+
+  def __init__(self):
+    object.__setattr__(self, "_parameters", OrderedDict())
+    object.__setattr__(self, "_buffers", OrderedDict())
+    object.__setattr__(self, "_non_persistent", set())
+    object.__setattr__(self, "_modules", OrderedDict())
+    object.__setattr__(self, "training", True)
+
+  # ---- registration ----
+  def _registry(self) -> tuple:
+    try:
+      return self.__dict__["_parameters"], self.__dict__["_buffers"], self.__dict__["_modules"]
+    except KeyError:
+      raise AttributeError(f"cannot assign to a {type(self).__name__} before Module.__init__() call") from None
+
+  def __setattr__(self, name: str, value) -> None:
+    params, buffers, modules = self._registry()
+    if isinstance(value, Parameter):
+      self.__dict__.pop(name, None); buffers.pop(name, None); modules.pop(name, None)
+      params[name] = value
+    elif isinstance(value, Module):
+      self.__dict__.pop(name, None); params.pop(name, None); buffers.pop(name, None)
+      modules[name] = value
+    elif name in params:
+      if value is not None:
+        raise TypeError(f"cannot assign '{type(value).__name__}' as parameter '{name}' (fusegrad.nn.Parameter or None "
+                        f"expected)")
+      params[name] = None
+    elif name in buffers:
+      if value is not None and not isinstance(value, Tensor):
+        raise TypeError(f"cannot assign '{type(value).__name__}' as buffer '{name}' (Tensor or None expected)")
+      buffers[name] = value
+    elif name in modules:
+      if value is not None: raise TypeError(f"cannot assign '{type(value).__name__}' as child module '{name}'")
+      modules[name] = None
+    else:
+      object.__setattr__(self, name, value)
+
+  def __getattr__(self, name: str):
+    d = self.__dict__
+    for reg in ("_parameters", "_buffers", "_modules"):
+      if reg in d and name in d[reg]: return d[reg][name]
+    raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+  def __delattr__(self, name: str) -> None:
+    for reg in self._registry():
+      if name in reg:
+        del reg[name]
+        return
+    object.__delattr__(self, name)
+
+  def register_parameter(self, name: str, param: Parameter | None) -> None:
+    if "." in name or not name: raise KeyError(f"parameter name can't contain \".\" or be empty, got {name!r}")
+    if param is not None and not isinstance(param, Parameter):
+      raise TypeError(f"cannot assign '{type(param).__name__}' object to parameter '{name}' (Parameter or None required)")
+    self._registry()[0][name] = param
+
+  def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+    if "." in name or not name: raise KeyError(f"buffer name can't contain \".\" or be empty, got {name!r}")
+    if tensor is not None and not isinstance(tensor, Tensor):
+      raise TypeError(f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' (Tensor or None required)")
+    self.__dict__.pop(name, None)
+    self._registry()[1][name] = tensor
+    if persistent: self._non_persistent.discard(name)
+    else: self._non_persistent.add(name)
+
+  def add_module(self, name: str, module: Module | None) -> None:
+    if module is not None and not isinstance(module, Module):
+      raise TypeError(f"{type(module).__name__} is not a Module subclass")
+    if "." in name or not name: raise KeyError(f"module name can't contain \".\" or be empty, got {name!r}")
+    self._registry()[2][name] = module
+  register_module = add_module
+
+  # ---- walking ----
+  def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
+    memo = set() if memo is None else memo
+    if remove_duplicate:
+      if id(self) in memo: return
+      memo.add(id(self))
+    yield prefix, self
+    for name, m in self._modules.items():
+      if m is None: continue
+      yield from m.named_modules(memo, prefix + ("." if prefix else "") + name, remove_duplicate)
+
+  def modules(self) -> Iterator[Module]:
+    for _, m in self.named_modules(): yield m
+
+  def named_children(self):
+    seen = set()
+    for name, m in self._modules.items():
+      if m is not None and id(m) not in seen:
+        seen.add(id(m))
+        yield name, m
+
+  def children(self) -> Iterator[Module]:
+    for _, m in self.named_children(): yield m
+
+  def _named(self, reg: str, prefix: str, recurse: bool, remove_duplicate: bool = True):
+    seen = set()
+    mods = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else [(prefix, self)]
+    for mp, m in mods:
+      for name, t in getattr(m, reg).items():
+        if t is None or (remove_duplicate and id(t) in seen): continue
+        seen.add(id(t))
+        yield mp + ("." if mp else "") + name, t
+
+  def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+    yield from self._named("_parameters", prefix, recurse, remove_duplicate)
+
+  def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+    for _, p in self.named_parameters(recurse=recurse): yield p
+
+  def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+    yield from self._named("_buffers", prefix, recurse, remove_duplicate)
+
+  def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+    for _, b in self.named_buffers(recurse=recurse): yield b
+
+  def apply(self, fn) -> Module:
+    for m in self.children(): m.apply(fn)
+    fn(self)
+    return self
+
+  # ---- state ----
+  def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False) -> OrderedDict:
+    """Parameters and persistent buffers by dotted name (values detached unless keep_vars)."""
+    out = OrderedDict() if destination is None else destination
+    for name, p in self._parameters.items():
+      if p is not None: out[prefix + name] = p if keep_vars else p.detach()
+    for name, b in self._buffers.items():
+      if b is not None and name not in self._non_persistent: out[prefix + name] = b if keep_vars else b.detach()
+    for name, m in self._modules.items():
+      if m is not None: m.state_dict(out, prefix + name + ".", keep_vars)
+    return out
+
+  def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+    """Copy values into the parameters and buffers, in place. Every key, shape and dtype is checked
+    first; on any error nothing is changed and the message lists all problems."""
+    own = self.state_dict(keep_vars=True)
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    errors = []
+    for k, t in own.items():
+      if k not in state_dict: continue
+      v = state_dict[k]
+      if not isinstance(v, Tensor):
+        errors.append(f'While copying the parameter named "{k}", expected a Tensor from checkpoint but received '
+                      f'{type(v).__name__}')
+      elif v.shape != t.shape:
+        errors.append(f"size mismatch for {k}: copying a param with shape {list(v.shape)} from checkpoint, the shape "
+                      f"in current model is {list(t.shape)}.")
+      elif v.dtype.is_float != t.dtype.is_float and not (v.dtype.is_bool and t.dtype.is_bool):
+        errors.append(f"dtype mismatch for {k}: copying a {v.dtype.name} from checkpoint into a {t.dtype.name}.")
+    if strict:
+      if unexpected: errors.insert(0, "Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+      if missing: errors.insert(0, "Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ". ")
+    if errors:
+      raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(errors))
+    for k, t in own.items():
+      if k in state_dict: _set_value(t, state_dict[k].to(t.device).to(t.dtype))
+    fg.realize(*[t for k, t in own.items() if k in state_dict])
+    return _IncompatibleKeys(missing, unexpected)
+
+  # ---- modes and placement ----
+  def train(self, mode: bool = True) -> Module:
+    if not isinstance(mode, bool): raise ValueError("training mode is expected to be boolean")
+    for m in self.modules(): object.__setattr__(m, "training", mode)
+    return self
+
+  def eval(self) -> Module: return self.train(False)
+
+  def requires_grad_(self, requires_grad: bool = True) -> Module:
+    for p in self.parameters(): p.requires_grad_(requires_grad)
+    return self
+
+  def zero_grad(self, set_to_none: bool = True) -> None:
+    for p in self.parameters():
+      p.grad = None if set_to_none or p.grad is None else fg.zeros_like(p.grad)
+
+  def to(self, *args, **kwargs) -> Module:
+    """Move (and/or cast floating) parameters, their grads and buffers in place, like torch.nn.Module.to."""
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+      if isinstance(a, dt.DType): dtype = a
+      elif isinstance(a, Tensor): device, dtype = a.device, a.dtype
+      else: device = a
+    if dtype is not None and not dt.to_dtype(dtype).is_float:
+      raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
+    def move(t: Tensor) -> Tensor:
+      out = t.to(device) if device is not None else t
+      return out.to(dtype) if dtype is not None and t.dtype.is_float else out
+    moved = []
+    for m in self.modules():
+      for reg in (m._parameters, m._buffers):
+        for t in reg.values():
+          if t is None: continue
+          _set_value(t, move(t))
+          if t.grad is not None: t.grad = move(t.grad)
+          moved.append(t)
+    if moved: fg.realize(*moved)
+    return self
+
+  def cpu(self) -> Module: return self.to("CPU")
+  def float(self) -> Module: return self.to(fg.float32)
+  def double(self) -> Module: return self.to(fg.float64)
+  def half(self) -> Module: return self.to(fg.float16)
+  def bfloat16(self) -> Module: return self.to(fg.bfloat16)
+
+  # ---- calling and printing ----
+  def forward(self, *args, **kwargs):
+    raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
+
+  def __call__(self, *args, **kwargs): return self.forward(*args, **kwargs)
+
+  def extra_repr(self) -> str: return ""
+
+  def __repr__(self) -> str:
+    lines = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
+    head = type(self).__name__ + "(" + self.extra_repr()
+    if not lines: return head + ")"
+    return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+  def __dir__(self):
+    return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers) | set(self._modules))
+
+
+class Sequential(Module):
+  def __init__(self, *args):
+    super().__init__()
+    if len(args) == 1 and isinstance(args[0], OrderedDict):
+      for name, m in args[0].items(): self.add_module(name, m)
+    else:
+      for i, m in enumerate(args): self.add_module(str(i), m)
+
+  def forward(self, input):
+    for m in self._modules.values(): input = m(input)
+    return input
+
+  def __len__(self) -> int: return len(self._modules)
+  def __iter__(self): return iter(self._modules.values())
+
+  def __getitem__(self, idx):
+    mods = list(self._modules.items())
+    if isinstance(idx, slice): return Sequential(OrderedDict(mods[idx]))
+    if not -len(mods) <= idx < len(mods): raise IndexError(f"index {idx} is out of range")
+    return mods[idx][1]
+
+  def append(self, module: Module) -> Sequential:
+    self.add_module(str(len(self)), module)
+    return self
+
+
+class ModuleList(Module):
+  def __init__(self, modules=None):
+    super().__init__()
+    for m in modules or []: self.append(m)
+
+  def __len__(self) -> int: return len(self._modules)
+  def __iter__(self): return iter(self._modules.values())
+
+  def __getitem__(self, idx):
+    mods = list(self._modules.values())
+    if isinstance(idx, slice): return ModuleList(mods[idx])
+    if not -len(mods) <= idx < len(mods): raise IndexError(f"index {idx} is out of range")
+    return mods[idx]
+
+  def __setitem__(self, idx: int, module: Module) -> None:
+    self.add_module(list(self._modules)[idx], module)
+
+  def append(self, module: Module) -> ModuleList:
+    self.add_module(str(len(self)), module)
+    return self
+
+  def extend(self, modules) -> ModuleList:
+    for m in modules: self.append(m)
+    return self
+
+  def insert(self, index: int, module: Module) -> None:
+    mods = list(self._modules.values())
+    mods.insert(index, module)
+    self._modules.clear()
+    for i, m in enumerate(mods): self.add_module(str(i), m)
+
+  def forward(self, *args, **kwargs):
+    raise NotImplementedError("ModuleList has no forward; iterate over it")
+
+
+class ModuleDict(Module):
+  def __init__(self, modules=None):
+    super().__init__()
+    for k, m in (modules or {}).items(): self.add_module(k, m)
+
+  def __getitem__(self, key: str) -> Module: return self._modules[key]
+  def __setitem__(self, key: str, module: Module) -> None: self.add_module(key, module)
+  def __len__(self) -> int: return len(self._modules)
+  def __iter__(self): return iter(self._modules)
+  def __contains__(self, key) -> bool: return key in self._modules
+  def keys(self): return self._modules.keys()
+  def values(self): return self._modules.values()
+  def items(self): return self._modules.items()
