@@ -1115,6 +1115,11 @@ def where(condition, input, other) -> Tensor:
 # ---- indexing -----------------------------------------------------------------------------------------------
 
 def _getitem(x: Tensor, index, basic_only: bool = False, return_region: bool = False):
+  if type(index) is int and x.ndim and not return_region:   # x[i]: the common case, without the general walk
+    n = x.shape[0]
+    if not -n <= index < n: raise IndexError(f"index {index} is out of bounds for dimension 0 with size {n}")
+    i = index + n if index < 0 else index
+    return x._shrink([(i, i + 1)] + [(0, s) for s in x.shape[1:]]).reshape(x.shape[1:])
   if not isinstance(index, tuple): index = (index,)
   # expand Ellipsis, count the dims that the index consumes
   consumed = sum(1 for i in index if i is not None and i is not Ellipsis and not (isinstance(i, Tensor) and i.dtype.is_bool)) \

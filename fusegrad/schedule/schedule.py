@@ -79,9 +79,32 @@ def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   return hit[1], [inputs[i] for i in hit[2]]
 
 
+# whole schedules by the structure of the graph behind the roots: a training step rebuilds the same
+# graph every iteration, and its cuts, kernels and buffer wiring are decided once
+SCHEDULE_CACHE_SIZE = 256
+_schedule_cache: "OrderedDict[tuple, list]" = OrderedDict()
+
+
 def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
   roots = [r for r in roots if _needs_kernel(r)]
   if not roots: return []
+  key, _, nodes = _signature(roots, lambda n: False)
+  hit = _schedule_cache.get(key)
+  if hit is not None:
+    _schedule_cache.move_to_end(key)
+    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k) for kind, outs, ins, k in hit]
+  items = _create_schedule(roots)
+  pos = {id(n): i for i, n in enumerate(nodes)}
+  try:
+    _schedule_cache[key] = [(it.kind, tuple(pos[id(o)] for o in it.outputs), tuple(pos[id(x)] for x in it.inputs),
+                             it.kernel) for it in items]
+  except KeyError:    # an item refers to a node outside the walked graph: do not cache this one
+    return items
+  if len(_schedule_cache) > SCHEDULE_CACHE_SIZE: _schedule_cache.popitem(last=False)
+  return items
+
+
+def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:
   order: list[Node] = []
   seen = set()
   for r in roots:
