@@ -169,6 +169,36 @@ def _gather_rule(arg, inputs, out, g):
   return flat.reshape(data.shape), None
 
 
+def _unbroadcast(g, shape):
+  """Sum g over the dims that broadcasting added or stretched, back to shape."""
+  shape = tuple(shape)
+  if g.shape == shape: return g
+  lead = g.ndim - len(shape)
+  axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1)
+  return (g.sum(axes, keepdim=True) if axes else g).reshape(shape)
+
+
+def _matmul_rule(arg, inputs, out, g):
+  # out = a @ b (batch dims broadcast): da = g @ b^T, db = a^T @ g, summed over what was broadcast
+  a, b = inputs
+  ga = _unbroadcast(g @ b.mT, a.shape) if a.requires_grad else None
+  if not b.requires_grad: return ga, None
+  if b.ndim == 2 and a.ndim > 2:    # a batch against one matrix: one matmul over all rows
+    gb = a.reshape(-1, a.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+  else:
+    gb = _unbroadcast(a.mT @ g, b.shape)
+  return ga, gb
+
+
+def _take_rows_rule(idx, inputs, out, g):
+  # out[i, ...] = w[idx[i], ...]: dw = one_hot(idx)^T @ g, a matmul (rows x indices x row size)
+  from fusegrad.tensor import arange
+  w = inputs[0]
+  V = w.shape[0]
+  hit = (idx.reshape(-1, 1) == arange(V, device=w.device).reshape(1, V)).to(g.dtype)     # [M, V]
+  return ((hit.T @ g.reshape(hit.shape[0], -1)).reshape(w.shape),)
+
+
 def _window_rule(arg, inputs, out, g):
   # w[..., i, k] = x[..., i + k]: dx[..., j] = sum over k of g[..., j - k, k]
   from fusegrad.graph import node as gn
@@ -212,6 +242,8 @@ RULES = {
   "MOVE": _move_rule,
   "REDUCE": _reduce_rule,
   "GATHER": _gather_rule,
+  "TAKE_ROWS": _take_rows_rule,
+  "MATMUL": _matmul_rule,
   "WINDOW": _window_rule,
   "UNFOLD": _unfold_rule,
   "CONTIGUOUS": lambda arg, ins, out, g: (g,),

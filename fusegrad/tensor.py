@@ -977,12 +977,15 @@ class Tensor:
                          f"{'x'.join(map(str, other.shape))})")
     batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
     n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
-    if n >= 16 and _transposed_view(b): b = b.contiguous()
-    a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
-    b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
-    prod_ = (a * b) if not d.is_bool else (a & b)
-    out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False) if k else \
-        self._new(gn.const(0, d, batch + (n, m), self.device))
+    a0, b0 = a, b
+    with autograd.no_grad():   # one MATMUL recipe for autograd: its gradients are matmuls again
+      if n >= 16 and n * k * m >= 1 << 20 and _transposed_view(b): b = b.contiguous()
+      a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
+      b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
+      prod_ = (a * b) if not d.is_bool else (a & b)
+      out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False) if k else \
+          self._new(gn.const(0, d, batch + (n, m), self.device))
+    out = a0._prim("MATMUL", None, out.node, a0, b0)
     if va: out = out.squeeze(-2)
     if vb: out = out.squeeze(-1)
     return out
@@ -1021,6 +1024,15 @@ def _windows(x: Tensor, n: int) -> Tensor:
   v = View((outer, L, n), (x.shape[-1], 1, 1), 0, None)
   node = gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device)
   return flat._prim("WINDOW", n, node).reshape(*lead, L, n)
+
+
+def _take_rows(w: Tensor, idx: Tensor) -> Tensor:
+  """w[idx] along dim 0 (an embedding lookup): one gather kernel, and a backward that is a matmul
+  (one-hot rows) rather than the general gather rule's one-hot over every element."""
+  with autograd.no_grad(): out = w[idx]
+  r = Tensor(_node=out.node)
+  autograd.record(r, "TAKE_ROWS", idx, (w,))
+  return r
 
 
 def _transposed_view(t: Tensor) -> bool:

@@ -34,6 +34,10 @@ SERIAL_OK = 1 << 14
 EXPAND_RECOMPUTE_OPS = 6
 
 
+# transcendental functions cost several ALU ops (a polynomial, or a libm call)
+_OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF")}
+
+
 class NeedsRealize(Exception):
   def __init__(self, node: Node, why: str):
     super().__init__(why)
@@ -90,6 +94,20 @@ class _Builder:
     if n.op == "IOTA" and not n.realized: return Index(flat, valid, n.dtype)
     return Load(self.buf(n), flat, valid, n.dtype)
 
+  def _check_operand(self, src: Node, val) -> None:
+    """A broadcast operand of a register-blocked reduction (a matmul's a or b). The one that varies along
+    the column lanes is the vectorized inner loop: it must be a plain stride-1 load. The other is computed
+    once per block of columns: an expensive one is stored once instead of recomputed per block."""
+    col = self.out_lanes[-1]
+    deps = dependencies([val])[id(val)]
+    if col in deps:
+      loads = [x for x in toposort([val]) if isinstance(x, (Load, Gather))]
+      if any(not isinstance(x, Load) or not x.valid.is_true or dict(x.idx.terms).get(col) not in (0, 1) for x in loads) \
+         or _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST) > EXPAND_RECOMPUTE_OPS:
+        raise NeedsRealize(src, "a computed operand read across the vectorized column lanes")
+    elif _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST) > EXPAND_RECOMPUTE_OPS:
+      raise NeedsRealize(src, "an expensive operand recomputed for every block of columns")
+
   def _is_leaf(self, n: Node) -> bool:
     return (self.is_boundary(n) and n not in self.outputs) or n.op in ("CONST", "IOTA") or n.realized
 
@@ -104,6 +122,8 @@ class _Builder:
          _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS) > EXPAND_RECOMPUTE_OPS:
         raise NeedsRealize(src, "an expensive value broadcast by a view would be recomputed per element")
       inner = self.ev(src, unravel(flat, src.shape), gate & valid)
+      if self.out_lanes and any(st == 0 and sz > 1 for st, sz in zip(n.arg.strides, n.arg.shape)):
+        self._check_operand(src, inner)
       if valid.is_true: return inner
       return Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), inner, Const(n.dtype.np(0).item(), n.dtype)))
     if n.op == "REDUCE":
@@ -144,14 +164,15 @@ class _Builder:
     return Alu(n.op, n.dtype, tuple(self.ev(s, idx, gate) for s in n.src))
 
 
-def _alu_count(n: Node, is_leaf, limit: int) -> int:
-  """ALU ops computing n inside a kernel (up to leaves and reductions), counting no further than limit."""
+def _alu_count(n: Node, is_leaf, limit: int, cost: dict = {}) -> int:
+  """ALU ops computing n inside a kernel (up to leaves and reductions), counting no further than limit;
+  `cost` weighs some ops more than one."""
   seen, stack, count = set(), [n], 0
   while stack and count <= limit:
     x = stack.pop()
     if id(x) in seen or is_leaf(x) or x.op == "REDUCE": continue
     seen.add(id(x))
-    if x.op not in ("VIEW", "CONTIGUOUS"): count += 1
+    if x.op not in ("VIEW", "CONTIGUOUS"): count += cost.get(x.op, 1)
     stack.extend(x.src)
   return count
 

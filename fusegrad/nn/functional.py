@@ -11,7 +11,7 @@ import math
 import numpy as np
 import fusegrad as fg
 from fusegrad import dtype as dt
-from fusegrad.tensor import Tensor, _unfold, where
+from fusegrad.tensor import Tensor, _take_rows, _unfold, where
 
 # ---- activations (the Tensor methods, as functions) ----------------------------------------------------------
 
@@ -48,8 +48,11 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
   if input.shape[-1:] != weight.shape[-1:]:
     raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, input.shape))} and "
                        f"{'x'.join(map(str, weight.shape[::-1]))})")
-  out = input @ weight.T
-  return out + bias if bias is not None else out
+  # leading dims fold into the rows: one matmul (and one weight-gradient reduction over all rows)
+  x = input.reshape(-1, input.shape[-1]) if input.ndim > 2 else input
+  out = x @ weight.T
+  if bias is not None: out = out + bias
+  return out.reshape(*input.shape[:-1], weight.shape[0]) if input.ndim > 2 else out
 
 
 def _tuple(v, n: int, name: str) -> tuple:
@@ -377,7 +380,7 @@ def _check_index(t: Tensor, name: str) -> None:
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
   _check_index(input, "embedding")
-  out = weight[input]
+  out = _take_rows(weight, input)
   if padding_idx is not None:   # that row gets no gradient
     if padding_idx < 0: padding_idx += weight.shape[0]
     out = where((input == padding_idx).unsqueeze(-1), out.detach(), out)
@@ -544,8 +547,11 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight=None,
                                      pos_weight=None) -> Tensor:
   if target.shape != input.shape:
     raise ValueError(f"Target size ({tuple(target.shape)}) must be the same as input size ({tuple(input.shape)})")
-  # log(1 + exp(-|x|)) + max(-x, 0) is log(1 + exp(-x)) without overflow
-  sp = (-input.abs()).exp().log1p() + (-input).relu()
+  # sp = log(1 + exp(-x)) = log(1 + exp(-|x|)) + max(-x, 0) without overflow; selects rather than abs and relu,
+  # whose gradients at 0 would both be 0 (the right one there is -1/2, PyTorch's sigmoid(x) - 1)
+  neg = input <= 0
+  lg = where(neg, input, -input).exp().log1p()
+  sp = where(neg, lg - input, lg)
   if pos_weight is not None:
     loss = (1 - target) * input + ((pos_weight - 1) * target + 1) * sp
   else:

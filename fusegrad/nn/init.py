@@ -56,8 +56,10 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
 
 
 def _erfinv(y: Tensor) -> Tensor:
+  # Winitzki's approximation, with w = -log(1 - y^2) >= 0: sign(y) sqrt(sqrt(t^2 + w/a) - t), t = 2/(pi a) - w/2
   w = -((1 - y) * (1 + y)).log()
-  x = (y.sign() * (((2 / (math.pi * 0.147) + w / 2) ** 2 - w / 0.147).sqrt() - (2 / (math.pi * 0.147) + w / 2)).sqrt())
+  t = 2 / (math.pi * 0.147) - w / 2
+  x = y.sign() * ((t * t + w / 0.147).sqrt() - t).sqrt()
   for _ in range(3):
     x = x - (x.erf() - y) / (2 / math.sqrt(math.pi) * (-x * x).exp())
   return x

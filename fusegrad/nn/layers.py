@@ -70,6 +70,24 @@ class _ConvNd(Module):
 
   def reset_parameters(self) -> None: _default_uniform(self.weight, self.bias)
 
+  def _output_padding(self, input: Tensor, output_size) -> tuple:
+    """ConvTranspose's output_size argument: the output_padding that gives it (PyTorch's rule and errors)"""
+    if output_size is None: return self.output_padding
+    nd = self._nd
+    lead = 2 if input.ndim == nd + 2 else 1
+    output_size = tuple(output_size)
+    if len(output_size) == lead + nd: output_size = output_size[lead:]
+    if len(output_size) != nd:
+      raise ValueError(f"ConvTranspose{nd}D: for {input.ndim}D input, output_size must have {nd} or {lead + nd} elements "
+                       f"(got {len(output_size)})")
+    lo = [(input.shape[lead + d] - 1) * self.stride[d] - 2 * self.padding[d] + self.dilation[d] * (self.kernel_size[d] - 1)
+          + 1 for d in range(nd)]
+    hi = [m + s - 1 for m, s in zip(lo, self.stride)]
+    if any(not a <= o <= b for o, a, b in zip(output_size, lo, hi)):
+      raise ValueError(f"requested an output size of {list(output_size)}, but valid sizes range from {lo} to {hi} (for an "
+                       f"input of {list(input.shape[lead:])})")
+    return tuple(o - m for o, m in zip(output_size, lo))
+
   def _padded(self, input: Tensor) -> tuple[Tensor, object]:
     if self.padding_mode == "zeros": return input, self.padding
     pads = F._conv_padding(self.padding, self.kernel_size, self.dilation, self.stride, self._nd)
@@ -115,9 +133,9 @@ class ConvTranspose1d(_ConvNd):
     if padding_mode != "zeros": raise ValueError('Only "zeros" padding mode is supported for ConvTranspose1d')
     super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
                      output_padding, device, dtype)
-  def forward(self, input):
-    return F.conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
-                              self.groups, self.dilation)
+  def forward(self, input, output_size=None):
+    return F.conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding,
+                              self._output_padding(input, output_size), self.groups, self.dilation)
 
 
 class ConvTranspose2d(_ConvNd):
@@ -127,9 +145,9 @@ class ConvTranspose2d(_ConvNd):
     if padding_mode != "zeros": raise ValueError('Only "zeros" padding mode is supported for ConvTranspose2d')
     super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
                      output_padding, device, dtype)
-  def forward(self, input):
-    return F.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
-                              self.groups, self.dilation)
+  def forward(self, input, output_size=None):
+    return F.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding,
+                              self._output_padding(input, output_size), self.groups, self.dilation)
 
 
 class _MaxPoolNd(Module):
@@ -182,16 +200,14 @@ class AdaptiveAvgPool2d(AdaptiveAvgPool1d):
 class _BatchNorm(Module):
   _dims: tuple = ()
   def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-               track_running_stats: bool = True, device=None, dtype=None):
+               track_running_stats: bool = True, device=None, dtype=None, *, bias: bool = True):
     super().__init__()
     self.num_features, self.eps, self.momentum = num_features, eps, momentum
     self.affine, self.track_running_stats = affine, track_running_stats
-    if affine:
-      self.weight = Parameter(fg.ones(num_features, device=device, dtype=dtype))
-      self.bias = Parameter(fg.zeros(num_features, device=device, dtype=dtype))
-    else:
-      self.register_parameter("weight", None)
-      self.register_parameter("bias", None)
+    if affine: self.weight = Parameter(fg.ones(num_features, device=device, dtype=dtype))
+    else: self.register_parameter("weight", None)
+    if affine and bias: self.bias = Parameter(fg.zeros(num_features, device=device, dtype=dtype))
+    else: self.register_parameter("bias", None)
     if track_running_stats:
       self.register_buffer("running_mean", fg.zeros(num_features, device=device, dtype=dtype))
       self.register_buffer("running_var", fg.ones(num_features, device=device, dtype=dtype))
@@ -225,7 +241,7 @@ class _BatchNorm(Module):
 
   def extra_repr(self) -> str:
     return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-            f"track_running_stats={self.track_running_stats}")
+            f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm): _dims = (2, 3)
@@ -247,7 +263,8 @@ class LayerNorm(Module):
       self.register_parameter("bias", None)
   def forward(self, input): return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
   def extra_repr(self) -> str:
-    return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+    return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+            f"bias={self.bias is not None}")
 
 
 class RMSNorm(Module):
@@ -265,24 +282,26 @@ class RMSNorm(Module):
 
 class GroupNorm(Module):
   def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, device=None,
-               dtype=None):
+               dtype=None, *, bias: bool = True):
     super().__init__()
     if num_channels % num_groups: raise ValueError("num_channels must be divisible by num_groups")
     self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
-    if affine:
-      self.weight = Parameter(fg.ones(num_channels, device=device, dtype=dtype))
-      self.bias = Parameter(fg.zeros(num_channels, device=device, dtype=dtype))
-    else:
-      self.register_parameter("weight", None)
-      self.register_parameter("bias", None)
+    if affine: self.weight = Parameter(fg.ones(num_channels, device=device, dtype=dtype))
+    else: self.register_parameter("weight", None)
+    if affine and bias: self.bias = Parameter(fg.zeros(num_channels, device=device, dtype=dtype))
+    else: self.register_parameter("bias", None)
   def forward(self, input): return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
-  def extra_repr(self) -> str: return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+  def extra_repr(self) -> str:
+    return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, bias={self.bias is not None}"
 
 
 class Embedding(Module):
-  def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, _weight=None,
-               device=None, dtype=None):
+  def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, max_norm=None,
+               norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False, _weight=None,
+               _freeze: bool = False, device=None, dtype=None):
     super().__init__()
+    if max_norm is not None or scale_grad_by_freq or sparse:
+      raise NotImplementedError("Embedding: max_norm, scale_grad_by_freq and sparse are not supported")
     if padding_idx is not None:
       if not -num_embeddings <= padding_idx < num_embeddings:
         raise AssertionError("Padding_idx must be within num_embeddings")
@@ -291,7 +310,7 @@ class Embedding(Module):
     if _weight is not None:
       if tuple(_weight.shape) != (num_embeddings, embedding_dim):
         raise AssertionError("Shape of weight does not match num_embeddings and embedding_dim")
-      self.weight = Parameter(_weight)
+      self.weight = Parameter(_weight, requires_grad=not _freeze)
     else:
       self.weight = _empty(num_embeddings, embedding_dim, device=device, dtype=dtype)
       self.reset_parameters()
@@ -311,9 +330,9 @@ class Dropout(Module):
   def __init__(self, p: float = 0.5, inplace: bool = False):
     super().__init__()
     if not 0.0 <= p <= 1.0: raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-    self.p = p
+    self.p, self.inplace = p, inplace
   def forward(self, input): return F.dropout(input, self.p, self.training)
-  def extra_repr(self) -> str: return f"p={self.p}"
+  def extra_repr(self) -> str: return f"p={self.p}, inplace={self.inplace}"
 
 
 class Flatten(Module):
@@ -321,6 +340,7 @@ class Flatten(Module):
     super().__init__()
     self.start_dim, self.end_dim = start_dim, end_dim
   def forward(self, input): return input.flatten(self.start_dim, self.end_dim)
+  def extra_repr(self) -> str: return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
 
 
 class Unflatten(Module):
@@ -328,6 +348,7 @@ class Unflatten(Module):
     super().__init__()
     self.dim, self.unflattened_size = dim, tuple(unflattened_size)
   def forward(self, input): return input.unflatten(self.dim, self.unflattened_size)
+  def extra_repr(self) -> str: return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
 
 
 class MultiheadAttention(Module):
@@ -429,7 +450,9 @@ def _activation(name: str, fn, params: tuple = (), defaults: tuple = ()):
       vals[k] = v
     for k, v in vals.items(): setattr(self, k, v)
   def forward(self, input): return fn(input, *[getattr(self, k) for k in params])
-  def extra_repr(self): return ", ".join(f"{k}={getattr(self, k)}" for k in params)
+  def extra_repr(self):
+    return ", ".join(f"{k}={getattr(self, k)!r}" if isinstance(getattr(self, k), str) else f"{k}={getattr(self, k)}"
+                     for k in params)
   return type(name, (Module,), {"__init__": __init__, "forward": forward, "extra_repr": extra_repr})
 
 
@@ -447,8 +470,10 @@ Hardtanh = _activation("Hardtanh", F.hardtanh, ("min_val", "max_val"), (-1.0, 1.
 Hardsigmoid = _activation("Hardsigmoid", F.hardsigmoid)
 Hardswish = _activation("Hardswish", F.hardswish)
 LogSigmoid = _activation("LogSigmoid", F.logsigmoid)
-Softmax = _activation("Softmax", lambda x, dim: x.softmax(dim if dim is not None else -1), ("dim",), (None,))
-LogSoftmax = _activation("LogSoftmax", lambda x, dim: x.log_softmax(dim if dim is not None else -1), ("dim",), (None,))
+def _softmax_dim(x: Tensor, dim) -> int:   # PyTorch's legacy choice when no dim is given
+  return dim if dim is not None else (0 if x.ndim in (0, 1, 3) else 1)
+Softmax = _activation("Softmax", lambda x, dim: x.softmax(_softmax_dim(x, dim)), ("dim",), (None,))
+LogSoftmax = _activation("LogSoftmax", lambda x, dim: x.log_softmax(_softmax_dim(x, dim)), ("dim",), (None,))
 
 
 # ---- losses as modules --------------------------------------------------------------------------------------------

@@ -3,12 +3,18 @@
 `step()` builds every parameter's update (gradient, weight decay, moments) as lazy tensors and
 realizes all parameters and optimizer states in one schedule, so each parameter's whole update —
 its backward included — fuses into as few kernels as the graph allows (an Adam step of one
-parameter is one kernel). Hyperparameters that change between steps (learning rate, bias
-corrections) live in a small device buffer that is rewritten each step, so a schedule never
-bakes them into kernel source and nothing recompiles.
+parameter is one kernel). Hyperparameters (learning rate, momentum, betas, weight decay, bias
+corrections) live in a small device buffer that is rewritten each step, so a schedule never bakes
+them into kernel source and nothing recompiles when a scheduler changes them. Only structural
+choices (momentum or not, amsgrad, centered...) select a different kernel.
+
+State follows PyTorch's layout and names (`momentum_buffer`, `exp_avg`, `exp_avg_sq`, `square_avg`,
+`sum`, `step`...); `state_dict()` / `load_state_dict()` use torch's format, indices for parameters.
 """
 from __future__ import annotations
 import abc
+import copy
+import itertools
 import numpy as np
 import fusegrad as fg
 from fusegrad.graph import node as gn
@@ -16,26 +22,48 @@ from fusegrad.runtime import device as rd
 from fusegrad.tensor import Tensor
 
 
+def _check(ok: bool, msg: str) -> None:
+  if not ok: raise ValueError(msg)
+
+
+def _lerp(a: Tensor, b: Tensor, w: Tensor) -> Tensor:
+  """torch.lerp's form for weights below 0.5: a + w * (b - a)."""
+  return a + w * (b - a)
+
+
 class Optimizer(abc.ABC):
-  """Parameter groups (dicts with 'params' and per-group hyperparameters), zero_grad, step."""
+  """Parameter groups (dicts with 'params' and per-group hyperparameters), zero_grad, step, state_dict.
+  Subclasses take PyTorch's arguments; `foreach` is accepted and ignored (every step is fused anyway)."""
 
   def __init__(self, params, defaults: dict):
+    if isinstance(params, Tensor):
+      raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, but got "
+                      "fusegrad.Tensor")
     params = list(params)
     if not params: raise ValueError("optimizer got an empty parameter list")
     groups = params if isinstance(params[0], dict) else [{"params": params}]
     self.defaults = defaults
     self.param_groups: list[dict] = []
-    self.state: dict[int, dict] = {}
+    self.state: dict[int, dict] = {}     # id(param) -> {name: Tensor or number}; keys starting with _ are internal
     for g in groups: self.add_param_group(g)
 
   def add_param_group(self, group: dict) -> None:
-    g = {**self.defaults, **group, "params": list(group["params"])}
+    if not isinstance(group, dict): raise TypeError(f"param_group must be a dict, but got {type(group)}")
+    ps = group["params"]
+    if isinstance(ps, set):
+      raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering of tensors "
+                      "in sets will change between runs. Please use a list instead.")
+    g = {**self.defaults, **group, "params": [ps] if isinstance(ps, Tensor) else list(ps)}
     for p in g["params"]:
       if not isinstance(p, Tensor): raise TypeError(f"optimizer can only optimize Tensors, got {type(p).__name__}")
       if not p.requires_grad: raise ValueError("optimizing a tensor that does not require grad")
-    for k, v in g.items():
-      if k != "params" and isinstance(v, (int, float)) and v < 0 and k in ("lr", "weight_decay", "eps"):
-        raise ValueError(f"Invalid {k} value: {v}")
+      if not p.is_leaf: raise ValueError("can't optimize a non-leaf Tensor")
+    for k, name in (("lr", "learning rate"), ("eps", "epsilon value"), ("weight_decay", "weight_decay value")):
+      v = g.get(k)
+      if isinstance(v, (int, float)) and v < 0: raise ValueError(f"Invalid {name}: {v}")
+    seen = {id(p) for og in self.param_groups for p in og["params"]}
+    if any(id(p) in seen for p in g["params"]):
+      raise ValueError("some parameters appear in more than one parameter group")
     self.param_groups.append(g)
 
   def zero_grad(self, set_to_none: bool = True) -> None:
@@ -55,7 +83,12 @@ class Optimizer(abc.ABC):
     buf.node.buffer.copyin(arr)
     return buf
 
-  def step(self) -> None:
+  def step(self, closure=None):
+    """One update of every parameter with a gradient; closure (re-evaluating the loss) as in PyTorch."""
+    loss = None
+    if closure is not None:
+      with fg.enable_grad(): loss = closure()
+    self._opt_called = True   # lets a learning-rate scheduler warn when it is stepped first, as PyTorch's does
     updates = []
     with fg.no_grad():
       for g in self.param_groups:
@@ -66,57 +99,110 @@ class Optimizer(abc.ABC):
           updates.append(p)
           updates.extend(states)
     if updates: fg.realize(*updates)
+    return loss
 
   @abc.abstractmethod
   def _update(self, p: Tensor, grad: Tensor, group: dict, state: dict) -> tuple[Tensor, list[Tensor]]:
     """The new value of p and the state tensors to realize with it."""
 
+  # ---- checkpoints, in PyTorch's layout ----
+  def state_dict(self) -> dict:
+    """{'state': {index: {name: Tensor or number}}, 'param_groups': [{hyperparameters..., 'params': [indices]}]},
+    indices counting all groups' parameters in order. State tensors are shared, not copied (as in PyTorch)."""
+    index: dict[int, int] = {}
+    groups = []
+    for g in self.param_groups:
+      for p in g["params"]: index.setdefault(id(p), len(index))
+      groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(p)] for p in g["params"]]})
+    state = {}
+    for g in self.param_groups:
+      for p in g["params"]:
+        st = {k: v for k, v in self.state.get(id(p), {}).items() if not k.startswith("_")}
+        if st: state[index[id(p)]] = st
+    return {"state": state, "param_groups": groups}
+
+  def load_state_dict(self, state_dict: dict) -> None:
+    """Load a state_dict() of an optimizer over parameters of the same groups and sizes. State tensors (fusegrad
+    Tensors, or arrays such as torch's CPU tensors) move to each parameter's device and dtype; 'step' stays a number."""
+    saved = copy.deepcopy([{k: v for k, v in g.items()} for g in state_dict["param_groups"]])
+    if len(saved) != len(self.param_groups):
+      raise ValueError("loaded state dict has a different number of parameter groups")
+    if any(len(g["params"]) != len(s["params"]) for g, s in zip(self.param_groups, saved)):
+      raise ValueError("loaded state dict contains a parameter group that doesn't match the size of optimizer's group")
+    params = dict(zip(itertools.chain.from_iterable(s["params"] for s in saved),
+                      itertools.chain.from_iterable(g["params"] for g in self.param_groups)))
+    state: dict[int, dict] = {}
+    for k, st in state_dict["state"].items():
+      if k not in params: continue
+      p = params[k]
+      state[id(p)] = {name: _load_value(p, name, v) for name, v in st.items()}
+    self.param_groups = [{**s, "params": g["params"]} for g, s in zip(self.param_groups, saved)]
+    self.state = state
+
+
+def _load_value(p: Tensor, name: str, v):
+  if name == "step":
+    v = v.item() if hasattr(v, "item") else v
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+  if isinstance(v, Tensor):
+    v = Tensor(_node=v.node)
+    return v.to(device=p.device, dtype=p.dtype) if p.is_floating_point() else v.to(device=p.device)
+  if hasattr(v, "__array__") and not isinstance(v, (int, float, bool)):
+    return fg.tensor(np.asarray(v), dtype=p.dtype if p.is_floating_point() else None, device=p.device)
+  return v
+
 
 class SGD(Optimizer):
   def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-               weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False):
+               weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False, foreach=None):
+    _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+    _check(momentum >= 0.0, f"Invalid momentum value: {momentum}")
+    _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
     if nesterov and (momentum <= 0 or dampening != 0):
       raise ValueError("Nesterov momentum requires a momentum and zero dampening")
     super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                   nesterov=nesterov, maximize=maximize))
 
   def _update(self, p, grad, g, state):
-    s = self._scalars(p, [g["lr"]])
-    lr = s[0]
+    s = self._scalars(p, [g["lr"], g["momentum"], 1 - g["dampening"], g["weight_decay"]])
+    lr, mom, damp1, wd = s[0], s[1], s[2], s[3]
     if g["maximize"]: grad = -grad
-    if g["weight_decay"]: grad = grad + g["weight_decay"] * p
+    if g["weight_decay"]: grad = grad + wd * p
     states = []
     if g["momentum"]:
       buf = state.get("momentum_buffer")
-      buf = grad if buf is None else buf * g["momentum"] + (1 - g["dampening"]) * grad
+      buf = grad if buf is None else buf * mom + damp1 * grad
       state["momentum_buffer"] = buf
       states.append(buf)
-      grad = grad + g["momentum"] * buf if g["nesterov"] else buf
+      grad = grad + mom * buf if g["nesterov"] else buf
     return p - lr * grad, states
 
 
 class Adam(Optimizer):
-  decoupled = False
-
   def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-               amsgrad: bool = False, maximize: bool = False):
-    if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0): raise ValueError(f"Invalid beta parameters: {betas}")
+               amsgrad: bool = False, *, maximize: bool = False, decoupled_weight_decay: bool = False, foreach=None):
+    _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+    _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+    _check(0.0 <= betas[0] < 1.0, f"Invalid beta parameter at index 0: {betas[0]}")
+    _check(0.0 <= betas[1] < 1.0, f"Invalid beta parameter at index 1: {betas[1]}")
+    _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
     super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                  maximize=maximize))
+                                  maximize=maximize, decoupled_weight_decay=decoupled_weight_decay))
 
   def _update(self, p, grad, g, state):
     b1, b2 = g["betas"]
+    lr, wd = g["lr"], g["weight_decay"]
     t = state["step"] = state.get("step", 0) + 1
-    s = self._scalars(p, [g["lr"], 1 - b1 ** t, (1 - b2 ** t) ** 0.5])
-    lr, bc1, bc2_sqrt = s[0], s[1], s[2]
+    # PyTorch's host-side scalars: step_size = lr / (1 - b1^t), sqrt(1 - b2^t), the decoupled decay 1 - lr * wd
+    s = self._scalars(p, [lr / (1 - b1 ** t), (1 - b2 ** t) ** 0.5, g["eps"], 1 - b1, b2, 1 - b2, wd, 1 - lr * wd])
+    step_size, bc2_sqrt, eps, w1, b2_, w2, wd_, decay = (s[i] for i in range(8))
     if g["maximize"]: grad = -grad
-    if g["weight_decay"]:
-      if self.decoupled: p = p * (1 - g["lr"] * g["weight_decay"])
-      else: grad = grad + g["weight_decay"] * p
-    m = state.get("exp_avg")
-    v = state.get("exp_avg_sq")
-    m = grad * (1 - b1) if m is None else m * b1 + grad * (1 - b1)
-    v = grad * grad * (1 - b2) if v is None else v * b2 + grad * grad * (1 - b2)
+    if wd:
+      if g["decoupled_weight_decay"]: p = p * decay
+      else: grad = grad + wd_ * p
+    m, v = state.get("exp_avg"), state.get("exp_avg_sq")
+    m = w1 * grad if m is None else _lerp(m, grad, w1)
+    v = w2 * grad * grad if v is None else v * b2_ + w2 * grad * grad
     state["exp_avg"], state["exp_avg_sq"] = m, v
     states = [m, v]
     vv = v
@@ -125,13 +211,84 @@ class Adam(Optimizer):
       vv = v if vmax is None else vmax.maximum(v)
       state["max_exp_avg_sq"] = vv
       states.append(vv)
-    # PyTorch's order of operations: p - lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
-    return p - (lr / bc1) * m / (vv.sqrt() / bc2_sqrt + g["eps"]), states
+    # PyTorch's order of operations: p - step_size * m / (sqrt(v) / sqrt(bc2) + eps)
+    return p - step_size * m / (vv.sqrt() / bc2_sqrt + eps), states
 
 
 class AdamW(Adam):
-  decoupled = True
-
   def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-               amsgrad: bool = False, maximize: bool = False):
-    super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize)
+               amsgrad: bool = False, *, maximize: bool = False, foreach=None):
+    super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, decoupled_weight_decay=True)
+
+
+class RMSprop(Optimizer):
+  def __init__(self, params, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
+               momentum: float = 0.0, centered: bool = False, *, maximize: bool = False, foreach=None):
+    _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+    _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+    _check(momentum >= 0.0, f"Invalid momentum value: {momentum}")
+    _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+    _check(alpha >= 0.0, f"Invalid alpha value: {alpha}")
+    super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                  centered=centered, maximize=maximize))
+
+  def _update(self, p, grad, g, state):
+    state["step"] = state.get("step", 0) + 1
+    s = self._scalars(p, [g["lr"], g["alpha"], 1 - g["alpha"], g["eps"], g["weight_decay"], g["momentum"]])
+    lr, alpha, w, eps, wd, mom = (s[i] for i in range(6))
+    if g["maximize"]: grad = -grad
+    if g["weight_decay"]: grad = grad + wd * p
+    sq = state.get("square_avg")
+    sq = w * grad * grad if sq is None else sq * alpha + w * grad * grad
+    state["square_avg"] = sq
+    states = [sq]
+    if g["centered"]:
+      ga = state.get("grad_avg")
+      ga = w * grad if ga is None else _lerp(ga, grad, w)
+      state["grad_avg"] = ga
+      states.append(ga)
+      avg = (sq - ga * ga).sqrt() + eps
+    else:
+      avg = sq.sqrt() + eps
+    if g["momentum"] > 0:
+      buf = state.get("momentum_buffer")
+      buf = grad / avg if buf is None else buf * mom + grad / avg
+      state["momentum_buffer"] = buf
+      states.append(buf)
+      return p - lr * buf, states
+    return p - lr * grad / avg, states
+
+
+class Adagrad(Optimizer):
+  def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
+               initial_accumulator_value: float = 0.0, eps: float = 1e-10, foreach=None, *,
+               maximize: bool = False):
+    _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+    _check(lr_decay >= 0.0, f"Invalid lr_decay value: {lr_decay}")
+    _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+    _check(initial_accumulator_value >= 0.0, f"Invalid initial_accumulator_value value: {initial_accumulator_value}")
+    _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+    super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
+                                  initial_accumulator_value=initial_accumulator_value, maximize=maximize))
+
+  def add_param_group(self, group: dict) -> None:
+    super().add_param_group(group)
+    g = self.param_groups[-1]
+    for p in g["params"]:   # PyTorch creates Adagrad's state up front
+      self.state.setdefault(id(p), {}).update(step=0, sum=fg.full_like(p, g["initial_accumulator_value"]))
+
+  def _update(self, p, grad, g, state):
+    t = state["step"] = state.get("step", 0) + 1
+    s = self._scalars(p, [g["lr"] / (1 + (t - 1) * g["lr_decay"]), g["eps"], g["weight_decay"]])
+    clr, eps, wd = s[0], s[1], s[2]
+    if g["maximize"]: grad = -grad
+    if g["weight_decay"]: grad = grad + wd * p
+    acc = state.get("sum")
+    if acc is None: acc = fg.full_like(p, g["initial_accumulator_value"])
+    acc = acc + grad * grad
+    state["sum"] = acc
+    return p - clr * grad / (acc.sqrt() + eps), [acc]
+
+
+from fusegrad.optim import lr_scheduler  # noqa: E402  (schedulers subclass nothing here but check Optimizer)
+from fusegrad.optim.clip import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm  # noqa: E402

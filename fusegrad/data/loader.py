@@ -1,0 +1,312 @@
+"""Datasets and a batching loader with PyTorch's names.
+
+Arrays keep their numpy dtype when they become Tensors (as `torch.from_numpy` does): int64 labels stay
+fusegrad.int64, float64 stays float64; pass float32 arrays for float32 batches. Python numbers collate like
+`fusegrad.tensor` builds them (bool -> bool, int -> int64, float -> float32, where torch's default_collate
+would give float64).
+
+Threads: with `prefetch=True` a daemon thread makes the next batches (indexing, `Dataset.__getitem__`,
+`collate_fn`, the device buffers and the copy into them) while the caller's step runs. fusegrad's engine is
+not thread-safe, so that thread never realizes a lazy graph: fusegrad Tensors that a dataset or collate_fn
+return, and gathers from a TensorDataset of Tensors, are realized on the consumer's thread as a batch is
+handed out.
+"""
+from __future__ import annotations
+import queue
+import threading
+from collections.abc import Mapping
+from typing import Any, Callable, Protocol, runtime_checkable
+import numpy as np
+from fusegrad import dtype as dt
+from fusegrad.tensor import Tensor, stack, tensor
+from fusegrad.runtime import device as rd
+from fusegrad.graph import node as gn
+from fusegrad.engine.realize import realize
+
+__all__ = ["Dataset", "TensorDataset", "DataLoader", "default_collate"]
+
+
+@runtime_checkable
+class Dataset(Protocol):
+  """A map-style dataset: `len(ds)` samples, `ds[i]` for i in range(len(ds)). Subclass it or duck-type it."""
+  def __len__(self) -> int: ...
+  def __getitem__(self, index: int) -> Any: ...
+
+
+class TensorDataset:
+  """Samples are the i-th rows of numpy arrays or fusegrad Tensors of one length: `ds[i] == (a[i], b[i], ...)`."""
+
+  def __init__(self, *arrays):
+    if not arrays: raise ValueError("TensorDataset needs at least one array or tensor")
+    for k, a in enumerate(arrays):
+      if not isinstance(a, (np.ndarray, Tensor)):
+        raise TypeError(f"TensorDataset: argument {k} is a {type(a).__name__}, expected a numpy array or a fusegrad "
+                        f"Tensor")
+      if a.ndim == 0:
+        raise ValueError(f"TensorDataset: argument {k} is 0-d; every array needs a first (sample) dimension")
+    lens = [a.shape[0] for a in arrays]
+    if len(set(lens)) != 1:
+      raise ValueError(f"TensorDataset: all arrays must have the same length in the first dimension, got "
+                       f"{', '.join(map(str, lens))}")
+    self.arrays = arrays   # as given; `tensors` is torch's name for it
+    self.tensors = arrays
+
+  def __len__(self) -> int: return self.arrays[0].shape[0]
+  def __getitem__(self, index) -> tuple: return tuple(a[index] for a in self.arrays)
+
+
+# ---- collation --------------------------------------------------------------------------------------------
+
+def default_collate(samples: list):
+  """Stack a list of samples into a batch, as torch's default_collate does.
+
+  numpy arrays -> one stacked array; fusegrad Tensors -> `fusegrad.stack`; Python numbers -> a 1-d array
+  (bool, int64 or float32); numpy scalars -> an array of their dtype; strings -> a list; dicts, tuples and
+  lists (namedtuples too) -> the same structure (tuples for lists) with each field collated.
+  """
+  if not samples: raise ValueError("default_collate: empty list of samples")
+  e = samples[0]
+  if isinstance(e, np.ndarray):
+    shapes = {s.shape for s in samples if isinstance(s, np.ndarray)}
+    arrays = all(isinstance(s, np.ndarray) for s in samples)
+    if len(shapes) != 1 or not arrays:
+      raise RuntimeError(f"default_collate: samples must be arrays of one shape to stack, got shapes {sorted(shapes)}"
+                         + ("" if arrays else " and non-arrays"))
+    return np.stack(samples)
+  if isinstance(e, Tensor): return stack(list(samples))
+  if isinstance(e, np.generic): return np.array(samples)
+  if isinstance(e, (bool, int, float)):
+    if not all(isinstance(s, (bool, int, float)) for s in samples):
+      raise TypeError("default_collate: a batch mixes numbers with other types")
+    if all(isinstance(s, bool) for s in samples): return np.array(samples, dtype=np.bool_)
+    if all(isinstance(s, int) and not isinstance(s, bool) for s in samples): return np.array(samples, dtype=np.int64)
+    return np.array(samples, dtype=np.float32)
+  if isinstance(e, (str, bytes)): return list(samples)
+  if isinstance(e, Mapping): return {k: default_collate([s[k] for s in samples]) for k in e}
+  if isinstance(e, (tuple, list)):
+    n = len(e)
+    if any(len(s) != n for s in samples):
+      raise RuntimeError("default_collate: each sample in a batch must have the same number of fields")
+    fields = [default_collate([s[i] for s in samples]) for i in range(n)]
+    return type(e)(*fields) if isinstance(e, tuple) and hasattr(e, "_fields") else tuple(fields)
+  raise TypeError(f"default_collate: samples must be numpy arrays, fusegrad Tensors, numbers, strings, dicts, tuples "
+                  f"or lists; found {type(e).__name__}")
+
+
+# ---- host arrays -> device tensors ----------------------------------------------------------------------
+
+def _device_tensor(arr: np.ndarray, device: str) -> Tensor:
+  """A realized Tensor holding a copy of arr, with the numpy dtype kept.
+
+  Safe off the main thread: the memory is a fresh allocation, since the device's pool of freed buffers
+  is not locked (it is refilled when the tensor dies)."""
+  d = dt.from_numpy(arr.dtype)
+  dev = rd.get(device)
+  if d not in dev.supported:
+    raise RuntimeError(f"device {device} cannot hold dtype {d.name} (supported: "
+                       f"{', '.join(sorted(x.name for x in dev.supported))})")
+  buf = rd.Buffer(dev, arr.size, d)
+  if arr.size:
+    buf._handle = dev.alloc(buf.nbytes)
+    buf.copyin(arr.view(np.uint16) if d == dt.bfloat16 else arr)
+  return Tensor(_node=gn.buffer_node(buf, d, arr.shape, device))
+
+
+class _Gather:
+  """Rows `idx` of a fusegrad Tensor, gathered on the consumer's thread (it builds and runs a kernel)."""
+  __slots__ = ("t", "idx")
+  def __init__(self, t: Tensor, idx): self.t, self.idx = t, idx
+
+
+def _map(x, fn):
+  if isinstance(x, dict): return {k: _map(v, fn) for k, v in x.items()}
+  if isinstance(x, tuple) and hasattr(x, "_fields"): return type(x)(*[_map(v, fn) for v in x])
+  if isinstance(x, (tuple, list)): return type(x)(_map(v, fn) for v in x)
+  return fn(x)
+
+
+def _leaves(x, out: list) -> list:
+  if isinstance(x, dict):
+    for v in x.values(): _leaves(v, out)
+  elif isinstance(x, (tuple, list)):
+    for v in x: _leaves(v, out)
+  else: out.append(x)
+  return out
+
+
+def _to_device_host(batch, device: str):
+  """Prefetch-thread half: numpy arrays become realized device Tensors; everything else passes."""
+  return _map(batch, lambda x: _device_tensor(x, device) if isinstance(x, np.ndarray) else x)
+
+
+def _to_device_consumer(batch, device: str):
+  """Consumer-thread half: gathers run, Tensors move to `device`, and every lazy one is realized (one schedule)."""
+  def fix(x):
+    if isinstance(x, _Gather):
+      idx = x.idx
+      if isinstance(idx, slice): x = x.t[idx]
+      else: x = x.t[tensor(np.asarray(idx, dtype=np.int64), device=x.t.device)]
+    if isinstance(x, Tensor): x = x.detach().to(device)
+    return x
+  batch = _map(batch, fix)
+  lazy = [t for t in _leaves(batch, []) if isinstance(t, Tensor) and not t.node.realized]
+  if lazy: realize(*[t.node for t in lazy])
+  return batch
+
+
+# ---- the prefetch thread ----------------------------------------------------------------------------------
+
+_END = object()
+
+
+class _Raised:
+  __slots__ = ("exc",)
+  def __init__(self, exc: BaseException): self.exc = exc
+
+
+def _produce(gen, q: queue.Queue, stop: threading.Event) -> None:
+  # a plain function: the thread must not hold the iterator object, or dropping it could not stop the thread
+  try:
+    for item in gen:
+      if stop.is_set(): return
+      q.put(item)
+      if stop.is_set(): return
+    q.put(_END)
+  except BaseException as e:   # handed to the consumer, re-raised there
+    if not stop.is_set(): q.put(_Raised(e))
+  finally:
+    gen.close()
+
+
+class _LoaderIter:
+  """One epoch of a DataLoader. `close()` (or dropping it, or breaking out of a for loop) stops its thread."""
+
+  def __init__(self, gen, device: str, prefetch: bool):
+    self._device, self._gen, self._done = device, gen, False
+    self._queue = self._stop = self._thread = None
+    if prefetch:
+      self._queue, self._stop = queue.Queue(maxsize=2), threading.Event()
+      self._thread = threading.Thread(target=_produce, args=(gen, self._queue, self._stop), daemon=True,
+                                       name="fusegrad-data-prefetch")
+      self._gen = None
+      self._thread.start()
+
+  def __iter__(self): return self
+
+  def __next__(self):
+    if self._done: raise StopIteration
+    if self._thread is None:
+      try:
+        item = next(self._gen)
+      except BaseException:
+        self.close()
+        raise
+    else:
+      item = self._queue.get()
+      if item is _END:
+        self.close()
+        raise StopIteration
+      if isinstance(item, _Raised):
+        self.close()
+        raise item.exc
+    return _to_device_consumer(item, self._device)
+
+  def close(self) -> None:
+    """Stop making batches; the prefetch thread ends after at most the batch it is working on."""
+    if self._done: return
+    self._done = True
+    if self._thread is None:
+      self._gen.close()
+      return
+    self._stop.set()
+    try:   # free the queue's slots so a producer blocked in put() wakes up, sees the flag and returns
+      while True: self._queue.get_nowait()
+    except queue.Empty:
+      pass
+    if threading.current_thread() is not self._thread: self._thread.join(timeout=60)
+
+  def __del__(self):
+    try:
+      if not self._done:
+        self._done = True
+        if self._thread is not None:   # no join from a finalizer: signal and unblock only
+          self._stop.set()
+          while True: self._queue.get_nowait()
+    except Exception:
+      pass
+
+
+# ---- the loader -----------------------------------------------------------------------------------------
+
+def _global_seed() -> int:
+  """A seed drawn from fusegrad's global generator (`fusegrad.manual_seed`), advancing it by one draw."""
+  from fusegrad.tensor import _RNG
+  s = np.random.SeedSequence([_RNG.seed, _RNG.counter, 0x6461746100]).generate_state(2, np.uint64)
+  _RNG.counter += 1
+  return int(s[0])
+
+
+class DataLoader:
+  """Batches of fusegrad Tensors from a dataset or from numpy arrays.
+
+  `data` is a Dataset (anything with `__len__` and `__getitem__`), one numpy array (batches are single
+  Tensors) or a tuple/list of arrays or Tensors of one length (batches are tuples; a list of per-sample
+  arrays is read as fields too, so wrap samples in a Dataset). Arrays and TensorDatasets are gathered with
+  one fancy index per array per batch; other datasets are read sample by sample and collated by
+  `collate_fn` (default: `default_collate`), which also forces the sample-by-sample path when given.
+
+  shuffle: a new permutation each epoch from a `numpy.random.Generator` seeded with `seed`; the same seed
+  gives the same sequence of epochs. `seed=None` draws the seed from fusegrad's global generator when the
+  loader is made, so `fusegrad.manual_seed(s)` before it makes the order reproducible.
+  device: where batches go (default: fusegrad's default device, `FUSEGRAD_DEVICE`).
+  prefetch: prepare the next 2 batches on a background thread (see the module docstring).
+  """
+
+  def __init__(self, data, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, seed: int | None = None,
+               device=None, prefetch: bool = True, collate_fn: Callable | None = None):
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+      raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}")
+    self.single = isinstance(data, (np.ndarray, Tensor))
+    if self.single: data = TensorDataset(data)
+    elif isinstance(data, (tuple, list)) and data and all(isinstance(a, (np.ndarray, Tensor)) for a in data):
+      data = TensorDataset(*data)
+    elif not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+      raise TypeError(f"DataLoader needs a Dataset (with __len__ and __getitem__), a numpy array or a tuple of arrays; "
+                      f"got {type(data).__name__}")
+    if collate_fn is not None and not callable(collate_fn): raise TypeError("collate_fn must be callable")
+    self.dataset, self.batch_size, self.shuffle, self.drop_last = data, int(batch_size), bool(shuffle), bool(drop_last)
+    self.collate_fn, self.prefetch = collate_fn, bool(prefetch)
+    self.device = rd.canonical(device)
+    rd.get(self.device)   # open the device here, not first on the prefetch thread
+    self.seed = None if not self.shuffle else (_global_seed() if seed is None else int(seed))
+    self._rng = np.random.default_rng(self.seed) if self.shuffle else None
+
+  def __len__(self) -> int:
+    n = len(self.dataset)
+    return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+  def _batch_indices(self) -> list:
+    n, bs = len(self.dataset), self.batch_size
+    stop = n - n % bs if self.drop_last else n
+    if self.shuffle:
+      perm = self._rng.permutation(n)
+      return [perm[i:i + bs] for i in range(0, stop, bs)]
+    return [slice(i, min(i + bs, n)) for i in range(0, stop, bs)]
+
+  def _batches(self, batches: list):
+    ds, device = self.dataset, self.device
+    # a TensorDataset (not a subclass with its own __getitem__) is gathered with one index per array
+    fast = (isinstance(ds, TensorDataset) and type(ds).__getitem__ is TensorDataset.__getitem__
+            and self.collate_fn is None)
+    for idx in batches:
+      if fast:
+        fields = tuple(a[idx] if isinstance(a, np.ndarray) else _Gather(a, idx) for a in ds.arrays)
+        batch = fields[0] if self.single else fields
+      else:
+        ids = range(idx.start, idx.stop) if isinstance(idx, slice) else idx.tolist()
+        get = ds.arrays[0].__getitem__ if self.single else ds.__getitem__   # one array: samples are its rows
+        batch = (self.collate_fn or default_collate)([get(i) for i in ids])
+      yield _to_device_host(batch, device)
+
+  def __iter__(self) -> _LoaderIter:
+    return _LoaderIter(self._batches(self._batch_indices()), self.device, self.prefetch)
