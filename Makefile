@@ -2,7 +2,7 @@
 PYTHON   ?= python3
 VENV     := .venv
 PY       := $(VENV)/bin/python
-# Two installs into one venv: the base (numpy only) is all `make demo` needs; `make test` and
+# Two installs into one venv: the base (numpy, safetensors, tqdm) is all `make demo` needs; `make test` and
 # `make bench` add the extras (pyopencl + PoCL, pytest, hypothesis, torch). The test stamp implies
 # the base one, so it refreshes both.
 BASE_STAMP := $(VENV)/.stamp-base
@@ -40,10 +40,11 @@ test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) tests
 
 demo: $(BASE_STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/digits.py --model mlp
 
 bench: $(TEST_STAMP)
 	$(PY) bench/bench_ops.py
+	$(PY) bench/bench_train.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -68,8 +68,8 @@ class CStyleRenderer:
     if d == dt.float16: return f"b{buf}[{idx}] = fg_f32_to_half({val});"
     return f"b{buf}[{idx}] = {val};"
 
-  # float32 exp/log/tanh from the shared prelude (_MATH): vectorizable, and the same bits on every device
-  own_math = {"EXP": "fg_expf", "LOG": "fg_logf", "TANH": "fg_tanhf"}
+  # float32 exp/log/tanh/erf from the shared prelude (_MATH): vectorizable, and the same bits on every device
+  own_math = {"EXP": "fg_expf", "LOG": "fg_logf", "TANH": "fg_tanhf", "ERF": "fg_erff"}
 
   def math_fn(self, name: str, d: dt.DType) -> str:
     if self.reg_dtype(d) == dt.float32 and name.upper() in self.own_math: return self.own_math[name.upper()]
@@ -272,6 +272,18 @@ static inline float fg_tanhf(float x) {
   float l = 1.0f - 2.0f / (e + 1.0f);
   l = x < 0.0f ? -l : l;
   return a < 0.625f ? s : l;
+}
+/* erf: an odd rational function on [-4, 4] (beyond it erf is +-1 in float32); within 8 ulp */
+static inline float fg_erff(float x) {
+  float c = x > 4.0f ? 4.0f : (x < -4.0f ? -4.0f : x);
+  float z = c * c;
+  float p = -2.72614225801306e-10f;
+  p = p * z + 2.77068142495902e-08f; p = p * z - 2.10102402082508e-06f; p = p * z - 5.69250639462346e-05f;
+  p = p * z - 7.34990630326855e-04f; p = p * z - 2.95459980854025e-03f; p = p * z - 1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * z - 2.13374055278905e-04f; q = q * z - 1.68282697438203e-03f; q = q * z - 7.37332916720468e-03f;
+  q = q * z - 1.42647390514189e-02f;
+  return c * p / q;
 }"""
 _C_PRELUDE += "\n" + _MATH
 
