@@ -25,7 +25,7 @@ REDUCE_LANES = 8
 # register blocking of a reduction kernel: each work item computes a ROW_LANES x OUT_LANES block of
 # outputs over the last two parallel dims (or OUT_LANES over the last one), so a matmul's inner loop
 # reads a contiguous row of the right operand once for ROW_LANES rows
-OUT_LANES = 16
+OUT_LANES = (16,)       # the first that divides the columns
 ROW_LANES = 4
 # ...but a kernel this small runs fused anyway: splitting it would cost more launches than it saves
 SERIAL_OK = 1 << 14
@@ -230,12 +230,13 @@ def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   loops = tuple(v for v in ovars if v is not None and v not in gset)
   blocked = []    # (original parallel var, lane var)
   nested = any(isinstance(x, Reduce) for _, r in reduces for x in toposort([r.src]))
-  if reduces and not loops and not nested and gvars and (gvars[-1].hi + 1) % OUT_LANES == 0 and \
-     extent(gvars) // OUT_LANES >= MIN_PARALLEL and _reused_without(gvars[-1], reduces, deps):
+  cols = next((c for c in OUT_LANES if gvars and (gvars[-1].hi + 1) % c == 0 and extent(gvars) // c >= MIN_PARALLEL),
+              None)
+  if reduces and not loops and not nested and cols and _reused_without(gvars[-1], reduces, deps):
     # register blocking: the last parallel dims become (parallel, lane)
-    blocked.append((gvars[-1], OUT_LANES))
+    blocked.append((gvars[-1], cols))
     if len(gvars) >= 2 and (gvars[-2].hi + 1) % ROW_LANES == 0 and \
-       extent(gvars) // (OUT_LANES * ROW_LANES) >= MIN_PARALLEL and _reused_without(gvars[-2], reduces, deps):
+       extent(gvars) // (cols * ROW_LANES) >= MIN_PARALLEL and _reused_without(gvars[-2], reduces, deps):
       blocked.insert(0, (gvars[-2], ROW_LANES))
     blocked = [(g, sym.Var(g.name + "o", 0, (g.hi + 1) // n - 1), sym.Var(f"l{i}", 0, n - 1))
                for i, (g, n) in enumerate(blocked)]

@@ -11,4 +11,4 @@ from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, ConvTranspose1
                                 Tanh, Hardtanh, Hardsigmoid, Hardswish, LogSigmoid, Softmax, LogSoftmax, MSELoss,
                                 L1Loss, SmoothL1Loss, HuberLoss, CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss,
                                 KLDivLoss)
-from fusegrad.nn import functional, init, utils  # noqa: F401
+from fusegrad.nn import functional, init, utils, state  # noqa: F401

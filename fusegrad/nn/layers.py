@@ -78,14 +78,14 @@ class _ConvNd(Module):
     output_size = tuple(output_size)
     if len(output_size) == lead + nd: output_size = output_size[lead:]
     if len(output_size) != nd:
-      raise ValueError(f"ConvTranspose{nd}D: for {input.ndim}D input, output_size must have {nd} or {lead + nd} elements "
-                       f"(got {len(output_size)})")
-    lo = [(input.shape[lead + d] - 1) * self.stride[d] - 2 * self.padding[d] + self.dilation[d] * (self.kernel_size[d] - 1)
-          + 1 for d in range(nd)]
+      raise ValueError(f"ConvTranspose{nd}D: for {input.ndim}D input, output_size must have {nd} or {lead + nd} "
+                       f"elements (got {len(output_size)})")
+    lo = [(input.shape[lead + d] - 1) * self.stride[d] - 2 * self.padding[d]
+          + self.dilation[d] * (self.kernel_size[d] - 1) + 1 for d in range(nd)]
     hi = [m + s - 1 for m, s in zip(lo, self.stride)]
     if any(not a <= o <= b for o, a, b in zip(output_size, lo, hi)):
-      raise ValueError(f"requested an output size of {list(output_size)}, but valid sizes range from {lo} to {hi} (for an "
-                       f"input of {list(input.shape[lead:])})")
+      raise ValueError(f"requested an output size of {list(output_size)}, but valid sizes range from {lo} to {hi} "
+                       f"(for an input of {list(input.shape[lead:])})")
     return tuple(o - m for o, m in zip(output_size, lo))
 
   def _padded(self, input: Tensor) -> tuple[Tensor, object]:
@@ -433,7 +433,7 @@ class MultiheadAttention(Module):
     if unbatched: out = out.squeeze(1)
     elif self.batch_first: out = out.transpose(0, 1)
     if not need_weights: return out, None
-    w = attn.mean(1) if average_attn_weights else attn
+    w = p.mean(1) if average_attn_weights else p      # the weights the values were averaged with (dropout included)
     return out, (w.squeeze(0) if unbatched else w)
 
 

@@ -186,6 +186,8 @@ def _write(path, named: dict, metadata: dict[str, str] | None) -> None:
   try:
     safetensors.serialize_file(specs, tmp, metadata=metadata)
     with open(tmp, "rb+") as f: os.fsync(f.fileno())
+    mask = os.umask(0o022); os.umask(mask)       # the writer creates 0600: give the file the usual mode
+    os.chmod(tmp, 0o666 & ~mask)
     os.replace(tmp, path)
   except BaseException:
     try:

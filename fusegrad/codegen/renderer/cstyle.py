@@ -130,6 +130,11 @@ class CStyleRenderer:
     if isinstance(v, Alu): return self.alu(v.op, v.dtype, a, v.src)
     raise TypeError(v)
 
+  def unroll_hint(self, var) -> str:
+    """A pragma before a loop, or ''. Register-blocking lanes (w*, l*) want full unrolling: then each
+    output's accumulator lives in a register instead of an array in memory."""
+    return ""
+
   def update(self, r: Reduce, acc: str, x: str) -> str:
     if r.op == "SUM": return f"{acc} = {acc} + {x};" if not r.dtype.is_bool else f"{acc} = {acc} | {x};"
     if r.op == "PROD": return f"{acc} = {acc} * {x};" if not r.dtype.is_bool else f"{acc} = {acc} & {x};"
@@ -142,6 +147,8 @@ class CStyleRenderer:
       kind = st[0]
       if kind == "loop":
         var = st[1]
+        hint = self.unroll_hint(var)
+        if hint: lines.append(f"{indent}{hint}")
         lines.append(f"{indent}for ({self.index_type} {var.name} = 0; {var.name} < {var.hi + 1}; {var.name}++) {{")
         indent += "  "
       elif kind == "end":
@@ -293,6 +300,10 @@ class CRenderer(CStyleRenderer):
   so a thread pool can split the range."""
   name = "c"
   prelude = _C_PRELUDE
+
+  def unroll_hint(self, var) -> str:
+    # gcc and clang both read `#pragma GCC unroll`; unrolled, the lane loops' accumulators become registers
+    return f'_Pragma("GCC unroll {var.hi + 1}")' if var.name[0] in "wl" and var.hi < 16 else ""
 
   def render(self, k: Kernel, listing: list) -> str:
     args = []
