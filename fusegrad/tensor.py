@@ -695,17 +695,17 @@ class Tensor:
     return self._cast(dt.bool_)._reduce("MIN", dim, keepdim)._cast(dt.uint8 if self.dtype == dt.uint8 else dt.bool_)
   def logsumexp(self, dim, keepdim: bool = False):
     x = self._cast(self._float_dtype())
-    m = x._reduce("MAX", dim, True)
+    m = x._reduce("MAX", dim, True).detach()     # the shift's gradient cancels: leave it out of the graph
     m = where(m.isinf(), 0.0, m)
     out = (x - m).exp().sum(dim, keepdim=True).log() + m
     return out if keepdim else out.squeeze(_norm_dims(dim, self.ndim))
   def softmax(self, dim: int = -1, dtype=None):
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
-    e = (x - x._reduce("MAX", dim, True)).exp()
+    e = (x - x._reduce("MAX", dim, True).detach()).exp()
     return e / e.sum(dim, keepdim=True)
   def log_softmax(self, dim: int = -1, dtype=None):
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
-    s = x - x._reduce("MAX", dim, True)
+    s = x - x._reduce("MAX", dim, True).detach()
     return s - s.exp().sum(dim, keepdim=True).log()
   def cumsum(self, dim: int, dtype=None):
     d = _norm_dim(dim, self.ndim) if self.ndim else 0

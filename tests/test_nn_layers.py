@@ -118,7 +118,8 @@ CASES = [
   Case("linear_unbatched", lambda L: L.Linear(6, 4), (6,)),
   # conv1d
   Case("conv1d", lambda L: L.Conv1d(3, 4, 3), (2, 3, 9), all_devices=True),
-  Case("conv1d_stride_pad_dil_groups", lambda L: L.Conv1d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2), (2, 4, 11)),
+  Case("conv1d_stride_pad_dil_groups", lambda L: L.Conv1d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2),
+       (2, 4, 11)),
   Case("conv1d_same_even_kernel", lambda L: L.Conv1d(3, 4, 4, padding="same"), (2, 3, 8)),
   Case("conv1d_same_dilated", lambda L: L.Conv1d(3, 2, 3, padding="same", dilation=3), (2, 3, 8)),
   Case("conv1d_valid_nobias", lambda L: L.Conv1d(3, 4, 3, padding="valid", bias=False), (2, 3, 7)),
@@ -253,7 +254,7 @@ PARAMS = ([pytest.param(c, "CPU", id=f"{c.name}-CPU") for c in CASES]
           + [pytest.param(c, d, id=f"{c.name}-{d}") for d in OTHER for c in CASES if c.all])
 
 
-@pytest.mark.filterwarnings("ignore:Implicit dimension choice")
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice", "ignore:Using padding='same' with even kernel")
 @pytest.mark.parametrize("case,device", PARAMS)
 def test_layer(case, device, rng):
   ours = case.build(fnn).to(device)
@@ -464,6 +465,7 @@ MHA_PARAMS = ([pytest.param(*c, "CPU", id="-".join(map(str, c)) + "-CPU") for c 
               + [pytest.param(*MHA[i], d, id=f"mha{i}-{d}") for d in OTHER for i in (2, 10)])
 
 
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 @pytest.mark.parametrize("batch_first,mask,need_weights,avg,kvdim,unbatched,bias,device", MHA_PARAMS)
 def test_multihead_attention(batch_first, mask, need_weights, avg, kvdim, unbatched, bias, device, rng):
   kd, vd = kvdim or (None, None)
@@ -490,6 +492,32 @@ def test_multihead_attention(batch_first, mask, need_weights, avg, kvdim, unbatc
     tkw["key_padding_mask"] = torch.tensor(kpm) if kpm.dtype == bool else torch.tensor(kpm, dtype=torch.float64)
   if mask == "causal": fkw["is_causal"] = tkw["is_causal"] = True
   check_module(ours, theirs, fx, tx, rng, fkw=fkw, tkw=tkw)
+
+
+def test_multihead_attention_dropout(rng):
+  """training with dropout: the returned weights are the dropped-out ones the values were averaged with (torch's);
+  with identity projections the output is exactly weights @ value per head"""
+  E, H, L, S = 4, 2, 6, 7
+  m = fnn.MultiheadAttention(E, H, dropout=0.5, batch_first=True)
+  eye = np.eye(E, dtype=np.float32)
+  sd = m.state_dict()
+  sd["in_proj_weight"] = fg.tensor(np.concatenate([eye * 0.3, eye, eye]))
+  sd["in_proj_bias"] = fg.zeros(3 * E)
+  sd["out_proj.weight"], sd["out_proj.bias"] = fg.tensor(eye), fg.zeros(E)
+  m.load_state_dict(sd)
+  q, k, v = draw(rng, (2, L, E)), draw(rng, (2, S, E)), draw(rng, (2, S, E))
+  fg.manual_seed(5)
+  out, w = m(fg.tensor(q), fg.tensor(k), fg.tensor(v), average_attn_weights=False)
+  out, w = out.numpy(), w.numpy()
+  assert w.shape == (2, H, L, S)
+  assert np.any(w == 0) and not np.allclose(w.sum(-1), 1)        # dropped out and rescaled by 2
+  vh = v.reshape(2, S, H, E // H).transpose(0, 2, 1, 3)
+  want = (w @ vh).transpose(0, 2, 1, 3).reshape(2, L, E)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+  # eval: no dropout, rows of the weights sum to 1
+  m.eval()
+  _, w = m(fg.tensor(q), fg.tensor(k), fg.tensor(v))
+  np.testing.assert_allclose(w.numpy().sum(-1), 1, rtol=1e-5)
 
 
 def test_multihead_attention_errors():
@@ -563,20 +591,42 @@ def kernels(fn) -> int:
 
 def _ready(m: fnn.Module, *shape):
   fg.realize(*m.parameters(), *m.buffers())
-  x = fg.tensor(np.random.default_rng().standard_normal(shape).astype(np.float32), requires_grad=True).realize()
-  return x
+  rng = np.random.default_rng()
+  if m.__class__ is fnn.Embedding: return fg.tensor(rng.integers(0, m.num_embeddings, size=shape)).realize()
+  return fg.tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=True).realize()
 
 
-@pytest.mark.parametrize("build,shape,n", [
-  (lambda: fnn.Conv2d(3, 8, 3, padding=1), (2, 3, 8, 8), 1),
-  (lambda: fnn.Conv1d(4, 4, 3, groups=2, bias=False), (2, 4, 9), 1),
-  (lambda: fnn.Linear(16, 8), (4, 16), 1),
-  (lambda: fnn.LayerNorm(16), (4, 16), 1),
-  (lambda: fnn.RMSNorm(16), (4, 16), 1),
-  (lambda: fnn.MaxPool2d(2), (2, 3, 8, 8), 1),
-  (lambda: fnn.AvgPool2d(3, stride=2, padding=1), (2, 3, 8, 8), 1),
+@pytest.mark.parametrize("build,shape", [
+  (lambda: fnn.Conv2d(3, 8, 3, padding=1), (2, 3, 8, 8)),
+  (lambda: fnn.Conv1d(4, 4, 3, groups=2, bias=False), (2, 4, 9)),
+  (lambda: fnn.ConvTranspose2d(4, 4, 3, stride=2), (2, 4, 5, 5)),
+  (lambda: fnn.Linear(16, 8), (4, 16)),
+  (lambda: fnn.LayerNorm(16), (4, 16)),
+  (lambda: fnn.RMSNorm(16), (4, 16)),
+  (lambda: fnn.GroupNorm(2, 8), (4, 8, 6, 6)),
+  (lambda: fnn.MaxPool2d(2), (2, 3, 8, 8)),
+  (lambda: fnn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), (2, 3, 8, 8)),
+  (lambda: fnn.AdaptiveAvgPool2d(3), (2, 3, 8, 8)),
+  (lambda: fnn.Embedding(10, 8), (4, 5)),
+  (lambda: fnn.Sequential(fnn.Linear(16, 8), fnn.GELU(), fnn.Dropout(0.0)), (4, 16)),
 ])
-def test_forward_kernel_count(build, shape, n):
+def test_forward_is_one_kernel(build, shape):
   m = build()
   x = _ready(m, *shape)
-  assert kernels(lambda: m(x).realize()) == n
+  assert kernels(lambda: m(x).realize()) == 1
+
+
+@pytest.mark.parametrize("build,shape", [
+  (lambda: fnn.Linear(16, 8, bias=False), (4, 16)),
+  (lambda: fnn.MaxPool2d(2), (2, 3, 8, 8)),
+  (lambda: fnn.AvgPool2d(3, stride=2, padding=1), (2, 3, 8, 8)),
+  (lambda: fnn.AdaptiveAvgPool2d(3), (2, 3, 8, 8)),
+  (lambda: fnn.Embedding(10, 8), (4, 5)),
+])
+def test_backward_kernel_count(build, shape):
+  """one kernel per gradient (pooling routes g back through its window view; embedding scatters by a one-hot sum)"""
+  m = build()
+  x = _ready(m, *shape)
+  m(x).sum().backward()
+  for t in [x, *m.parameters()]:
+    if t.requires_grad: assert kernels(lambda: t.grad.realize()) == 1, tuple(t.shape)

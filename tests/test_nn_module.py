@@ -141,8 +141,8 @@ def _same(m, snap) -> None:
 
 
 def _fresh_sd(m, rng) -> dict:
-  return {k: fg.tensor(rng.standard_normal(v.shape).astype(np.float32)) if v.dtype.is_float else fg.tensor(v.numpy() + 3)
-          for k, v in m.state_dict().items()}
+  return {k: fg.tensor(rng.standard_normal(v.shape).astype(np.float32)) if v.dtype.is_float
+          else fg.tensor(v.numpy() + 3) for k, v in m.state_dict().items()}
 
 
 def test_load_state_dict_strict_errors(rng):

@@ -395,6 +395,20 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
   return where(keep, input * (1.0 / (1.0 - p)), 0)._cast(input.dtype)
 
 
+_causal_masks: dict = {}
+
+
+def _causal_mask(L: int, S: int, device: str) -> Tensor:
+  """A realized lower-triangular bool mask, made once per (L, S, device): read from memory it fuses into
+  the softmax kernel, where a mask computed from indices would be recomputed for every batch and head."""
+  key = (L, S, device)
+  m = _causal_masks.get(key)
+  if m is None:
+    if len(_causal_masks) > 64: _causal_masks.clear()
+    m = _causal_masks[key] = fg.ones(L, S, dtype=fg.bool, device=device).tril().realize()
+  return m
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:
@@ -414,7 +428,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
   s = (query @ key.transpose(-2, -1)) * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
   if is_causal:
     if attn_mask is not None: raise RuntimeError("scaled_dot_product_attention: pass either attn_mask or is_causal")
-    attn_mask = fg.ones(L, S, dtype=fg.bool, device=query.device).tril()
+    attn_mask = _causal_mask(L, S, query.device)
   if attn_mask is not None:
     s = s.masked_fill(attn_mask.logical_not(), -math.inf) if attn_mask.dtype.is_bool else s + attn_mask
   p = s.softmax(-1)

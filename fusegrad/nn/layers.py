@@ -418,8 +418,8 @@ class MultiheadAttention(Module):
       if mask.shape[0] == N * H: mask = mask.reshape(N, H, L, S)
       else: mask = mask.reshape(1, 1, L, S)
     elif is_causal:
-      mask = fg.zeros(L, S, device=q.device).masked_fill(fg.ones(L, S, dtype=fg.bool, device=q.device).tril()
-                                                         .logical_not(), -math.inf).reshape(1, 1, L, S)
+      mask = fg.zeros(L, S, device=q.device).masked_fill(F._causal_mask(L, S, q.device).logical_not(),
+                                                         -math.inf).reshape(1, 1, L, S)
     if key_padding_mask is not None:
       kpm = key_padding_mask.reshape(N, 1, 1, S)
       kpm = fg.zeros(N, 1, 1, S, device=q.device).masked_fill(kpm, -math.inf) if kpm.dtype.is_bool else kpm

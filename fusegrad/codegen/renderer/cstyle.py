@@ -292,7 +292,14 @@ static inline float fg_erff(float x) {
   q = q * z - 1.42647390514189e-02f;
   return c * p / q;
 }"""
-_C_PRELUDE += "\n" + _MATH
+_C_PRELUDE += "\n" + _MATH + r"""
+/* register-blocked kernels are vectorized across their unrolled lanes (SLP); gcc's loop vectorizer
+   would instead vectorize the reduction loop around them, spilling every accumulator */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FG_BLOCKED __attribute__((optimize("no-tree-loop-vectorize")))
+#else
+#define FG_BLOCKED
+#endif"""
 
 
 class CRenderer(CStyleRenderer):
@@ -310,7 +317,8 @@ class CRenderer(CStyleRenderer):
     for i, b in enumerate(k.bufs):
       args.append(f"{'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
     args += ["long long start", "long long end"]
-    lines = [self.helpers(k), "", f"void {k.name}({', '.join(args)}) {{",
+    blocked = any(st[0] == "loop" and st[1].name[0] == "w" for st in listing)
+    lines = [self.helpers(k), "", f"{'FG_BLOCKED ' if blocked else ''}void {k.name}({', '.join(args)}) {{",
              f"  for (long long gidx = start; gidx < end; gidx++) {{"]
     lines += self.body(listing, k, "    ")
     lines += ["  }", "}"]
