@@ -34,6 +34,9 @@ SERIAL_OK = 1 << 14
 EXPAND_RECOMPUTE_OPS = 6
 
 
+# a computed column operand of a register-blocked kernel is recomputed once per block of rows: past
+# this many blocks it is stored instead
+BLOCK_RECOMPUTE = 16
 # transcendental functions cost several ALU ops (a polynomial, or a libm call)
 _OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF")}
 
@@ -94,7 +97,7 @@ class _Builder:
     if n.op == "IOTA" and not n.realized: return Index(flat, valid, n.dtype)
     return Load(self.buf(n), flat, valid, n.dtype)
 
-  def _check_operand(self, src: Node, val) -> None:
+  def _check_operand(self, src: Node, val, bcast: int) -> None:
     """A broadcast operand of a register-blocked reduction (a matmul's a or b). The one that varies along
     the column lanes is the vectorized inner loop: it must be a plain stride-1 load. The other is computed
     once per block of columns: an expensive one is stored once instead of recomputed per block."""
@@ -102,8 +105,11 @@ class _Builder:
     deps = dependencies([val])[id(val)]
     if col in deps:
       loads = [x for x in toposort([val]) if isinstance(x, (Load, Gather))]
+      ops = _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST)
+      # how many times each element is recomputed: once per block of the rows it is broadcast over
+      reuse = bcast // ROW_LANES
       if any(not isinstance(x, Load) or not x.valid.is_true or dict(x.idx.terms).get(col) not in (0, 1) for x in loads) \
-         or _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST) > EXPAND_RECOMPUTE_OPS:
+         or ops > EXPAND_RECOMPUTE_OPS or (ops and reuse >= BLOCK_RECOMPUTE):
         raise NeedsRealize(src, "a computed operand read across the vectorized column lanes")
     elif _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST) > EXPAND_RECOMPUTE_OPS:
       raise NeedsRealize(src, "an expensive operand recomputed for every block of columns")
@@ -122,8 +128,8 @@ class _Builder:
          _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS) > EXPAND_RECOMPUTE_OPS:
         raise NeedsRealize(src, "an expensive value broadcast by a view would be recomputed per element")
       inner = self.ev(src, unravel(flat, src.shape), gate & valid)
-      if self.out_lanes and any(st == 0 and sz > 1 for st, sz in zip(n.arg.strides, n.arg.shape)):
-        self._check_operand(src, inner)
+      bcast = prod(sz for st, sz in zip(n.arg.strides, n.arg.shape) if st == 0)
+      if self.out_lanes and bcast > 1: self._check_operand(src, inner, bcast)
       if valid.is_true: return inner
       return Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), inner, Const(n.dtype.np(0).item(), n.dtype)))
     if n.op == "REDUCE":
