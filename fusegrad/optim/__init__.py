@@ -71,17 +71,20 @@ class Optimizer(abc.ABC):
       for p in g["params"]:
         p.grad = None if set_to_none or p.grad is None else fg.zeros_like(p.grad)
 
-  def _scalars(self, p: Tensor, values: list[float]) -> Tensor:
-    """A device buffer holding this step's hyperparameters for p's device (rewritten, not recompiled)."""
+  def _scalars(self, p: Tensor, values: list[float]) -> tuple[Tensor, ...]:
+    """This step's hyperparameters for p as 0-d tensors reading a device buffer that is rewritten each
+    step (so nothing recompiles); the views are made once, with the buffer."""
     st = self.state.setdefault(id(p), {})
-    buf = st.get("_scalars")
+    buf, views = st.get("_scalars", (None, ()))
     arr = np.array(values, dtype=np.float32 if p.dtype != fg.float64 else np.float64)
     if buf is None or buf.shape != arr.shape:
       d = fg.float64 if arr.dtype == np.float64 else fg.float32
       mem = rd.Buffer(rd.get(p.device), arr.size, d)
-      buf = st["_scalars"] = Tensor(_node=gn.buffer_node(mem, d, arr.shape, p.device))
+      buf = Tensor(_node=gn.buffer_node(mem, d, arr.shape, p.device))
+      views = tuple(buf[i] for i in range(arr.size))
+      st["_scalars"] = (buf, views)
     buf.node.buffer.copyin(arr)
-    return buf
+    return views
 
   def step(self, closure=None):
     """One update of every parameter with a gradient; closure (re-evaluating the loss) as in PyTorch."""
