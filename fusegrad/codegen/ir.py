@@ -113,6 +113,7 @@ class Kernel:
   flops: int = 0         # estimated, for reporting
   gidx: sym.Var | None = None  # the flat parallel index the gvars are derived from
   local_size: tuple | None = None  # work-group shape for devices that have one (None: the driver picks)
+  cost: int = 0          # estimated work: flops with transcendental functions weighted, plus elements moved
 
   @property
   def global_size(self) -> int:

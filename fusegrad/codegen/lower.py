@@ -270,17 +270,20 @@ def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
          tuple(BufferArg(n.dtype, n.numel, False) for n in b.inputs)
   kind = "r" if reduces else "E"
   name = f"{kind}_{'_'.join(str(s) for s in shape) or 'scalar'}"
-  k = Kernel(name, bufs, gvars, loops, stores, _estimate_flops(vals, gsize), gidx)
+  flops, weighted = _estimate_flops(vals, gsize)
+  k = Kernel(name, bufs, gvars, loops, stores, flops, gidx, cost=weighted + sum(b.size for b in bufs))
   return k, b.inputs
 
 
-def _estimate_flops(vals, gsize: int) -> int:
+def _estimate_flops(vals, gsize: int) -> tuple[int, int]:
+  """(flops, the same with transcendental functions weighted by their cost)."""
   deps = dependencies(vals)
-  total = 0
+  total = weighted = 0
   for v in toposort(vals):
     if isinstance(v, (Alu, Reduce)) and not (isinstance(v, Alu) and v.op in ("CAST", "WHERE")):
       n = gsize
       for var in deps[id(v)] if isinstance(v, Alu) else deps[id(v.src)]:
         if var.name != "gidx": n *= var.hi + 1
       total += n
-  return total
+      weighted += n * (_OP_COST.get(v.op, 1) * (4 if v.op in ("SIN", "COS", "TAN") else 1) if isinstance(v, Alu) else 1)
+  return total, weighted

@@ -11,4 +11,12 @@ from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, ConvTranspose1
                                 Tanh, Hardtanh, Hardsigmoid, Hardswish, LogSigmoid, Softmax, LogSoftmax, MSELoss,
                                 L1Loss, SmoothL1Loss, HuberLoss, CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss,
                                 KLDivLoss)
-from fusegrad.nn import functional, init, utils, state  # noqa: F401
+from fusegrad.nn import functional, init, utils  # noqa: F401
+
+
+def __getattr__(name: str):
+  # fusegrad.nn.state (safetensors files) is imported on first use
+  if name == "state":
+    import importlib
+    return importlib.import_module("fusegrad.nn.state")
+  raise AttributeError(f"module 'fusegrad.nn' has no attribute {name!r}")
