@@ -204,6 +204,19 @@ def _reused_without(var, reduces, deps) -> bool:
   return False
 
 
+def _columns_contiguous(var, reduces) -> bool:
+  """Does every read inside the reductions step by 1 along var and by more along the reduction (a sum
+  over rows, a bias gradient)? Then a block of columns per work item is one vector add per row."""
+  loads = [x for _, r in reduces for x in toposort([r.src]) if isinstance(x, (Load, Gather))]
+  if not loads: return False
+  for x in loads:
+    if not isinstance(x, Load): return False
+    terms = dict(sym.lin(x.idx).terms)
+    if terms.get(var) != 1: return False
+    if any(isinstance(a, sym.Var) and a.name[0] in "ru" and k == 1 for a, k in terms.items()): return False
+  return True
+
+
 def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   """Lower the nodes `outputs` (one shape, one device) into a Kernel; returns it and its input nodes."""
   shape = outputs[0].shape
@@ -236,9 +249,10 @@ def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   loops = tuple(v for v in ovars if v is not None and v not in gset)
   blocked = []    # (original parallel var, lane var)
   nested = any(isinstance(x, Reduce) for _, r in reduces for x in toposort([r.src]))
-  cols = next((c for c in OUT_LANES if gvars and (gvars[-1].hi + 1) % c == 0 and extent(gvars) // c >= MIN_PARALLEL),
-              None)
-  if reduces and not loops and not nested and cols and _reused_without(gvars[-1], reduces, deps):
+  cols = next((c for c in OUT_LANES if gvars and (gvars[-1].hi + 1) % c == 0), None)
+  if reduces and not loops and not nested and cols and \
+     ((extent(gvars) // cols >= MIN_PARALLEL and _reused_without(gvars[-1], reduces, deps)) or
+      (extent(gvars) // cols >= 4 and _columns_contiguous(gvars[-1], reduces))):
     # register blocking: the last parallel dims become (parallel, lane)
     blocked.append((gvars[-1], cols))
     if len(gvars) >= 2 and (gvars[-2].hi + 1) % ROW_LANES == 0 and \

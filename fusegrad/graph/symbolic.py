@@ -93,6 +93,9 @@ def _make_with_const(terms: dict, c: int) -> Lin:
     for a, k in list(terms.items()):
       if isinstance(a, Mod):
         d = Div(a.x, a.c)
+        if d not in terms:   # x//c may be in canonical form: (y//a)//c is y//(a*c)
+          q = div(a.x, a.c)
+          if len(q.terms) == 1 and q.const == 0 and q.terms[0][1] == 1: d = q.terms[0][0]
         if terms.get(d) == k * a.c:
           del terms[a], terms[d]
           for b, kb in a.x.terms: terms[b] = terms.get(b, 0) + kb * k
