@@ -34,8 +34,8 @@ SERIAL_OK = 1 << 14
 EXPAND_RECOMPUTE_OPS = 6
 
 
-# a computed column operand of a register-blocked kernel is recomputed once per block of rows: past
-# this many blocks it is stored instead
+# a computed operand of a register-blocked kernel is recomputed once per block of rows (the column operand)
+# or of columns (the row operand): past this many blocks it is stored instead
 BLOCK_RECOMPUTE = 16
 # transcendental functions cost several ALU ops (a polynomial, or a libm call)
 _OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF")}
@@ -111,8 +111,10 @@ class _Builder:
       if any(not isinstance(x, Load) or not x.valid.is_true or dict(x.idx.terms).get(col) not in (0, 1) for x in loads) \
          or ops > EXPAND_RECOMPUTE_OPS or (ops and reuse >= BLOCK_RECOMPUTE):
         raise NeedsRealize(src, "a computed operand read across the vectorized column lanes")
-    elif _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST) > EXPAND_RECOMPUTE_OPS:
-      raise NeedsRealize(src, "an expensive operand recomputed for every block of columns")
+    else:
+      ops = _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST)
+      if ops > EXPAND_RECOMPUTE_OPS or (ops and bcast // (col.hi + 1) >= BLOCK_RECOMPUTE):
+        raise NeedsRealize(src, "a computed operand recomputed for every block of columns")
 
   def _is_leaf(self, n: Node) -> bool:
     return (self.is_boundary(n) and n not in self.outputs) or n.op in ("CONST", "IOTA") or n.realized
