@@ -3,7 +3,8 @@
 Everything here is a composition of the frontend's primitives, so it is lazy, fuses with its
 neighbours and differentiates through the autograd rule table. Convolutions and pools read their
 input through a window view (`tensor._unfold`: strides, no copy); a convolution is then one
-reduction kernel, its input gradient one kernel that sums the kernel's offsets.
+reduction kernel. Its input gradient is two: the gradient in the window layout, then one kernel that
+sums the kernel's offsets back onto the input.
 """
 from __future__ import annotations
 import builtins
