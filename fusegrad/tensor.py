@@ -281,6 +281,9 @@ class Tensor:
 
   def _broadcast_to(self, shape) -> "Tensor":
     if self.shape == tuple(shape): return self
+    n = self.node
+    if n.op == "CONST" and not n.realized and not self.requires_grad:   # a constant is a constant at any shape
+      return Tensor(_node=gn.const(n.arg, n.dtype, tuple(shape), n.device))
     x = self
     if len(shape) > self.ndim: x = x._mv("RESHAPE", (1,) * (len(shape) - self.ndim) + self.shape)
     return x._mv("EXPAND", tuple(shape))

@@ -9,6 +9,7 @@ A node that has been computed keeps its result in `buffer` and forgets its sourc
 graph behind a realized tensor can be freed.
 """
 from __future__ import annotations
+import functools
 import math
 import weakref
 import numpy as np
@@ -78,6 +79,17 @@ def buffer_node(buf, dtype, shape, device) -> Node:
 
 def cast_scalar(v, d: dt.DType):
   """A Python scalar converted exactly as a store of dtype d would convert it."""
+  t = type(v)
+  if t in (int, bool) or (t is float and v != 0.0 and v == v):   # cached; not +-0.0 (equal keys) nor NaN
+    return _cast_scalar_cached(t, v, d)
+  return _cast_scalar(v, d)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cast_scalar_cached(_type, v, d: dt.DType): return _cast_scalar(v, d)
+
+
+def _cast_scalar(v, d: dt.DType):
   if d.is_bool: return bool(v)
   if d.is_int:
     if isinstance(v, float):
