@@ -1,6 +1,6 @@
 """Train a classifier on scikit-learn's 8x8 handwritten digits (shipped inside fusegrad, no download).
 
-    python examples/digits.py                 # the MLP (what `make demo` runs): about 10 s on 2 cores
+    python examples/digits.py                 # the MLP (what `make demo` runs): about 7 s on 2 cores
     python examples/digits.py --model cnn     # a small CNN
     python examples/digits.py --device OPENCL --epochs 40
 
