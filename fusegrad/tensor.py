@@ -60,7 +60,7 @@ def _shape_arg(shape) -> tuple:
 
 
 def broadcast_shapes(*shapes) -> tuple:
-  if shapes and builtins.all(s == shapes[0] for s in shapes[1:]): return tuple(shapes[0])
+  if len(shapes) == 2 and shapes[0] == shapes[1] or len(shapes) == 1: return tuple(shapes[0])
   nd = max((len(s) for s in shapes), default=0)
   out = []
   for i in range(nd):
@@ -83,10 +83,13 @@ def _is_scalar(x) -> bool: return isinstance(x, (int, float, bool, np.integer, n
 def _result_type(*operands) -> DType:
   # the common cases first: tensors of one dtype, a float tensor with Python numbers
   first = operands[0]
-  if type(first) is Tensor or isinstance(first, Tensor):
+  if isinstance(first, Tensor):
     d = first.node.dtype
-    if builtins.all((isinstance(o, Tensor) and o.node.dtype == d) or
-                    (d.is_float and type(o) in (builtins.float, builtins.int)) for o in operands[1:]):
+    for o in operands[1:]:
+      if isinstance(o, Tensor):
+        if o.node.dtype != d: break
+      elif not (d.is_float and type(o) in (builtins.float, builtins.int)): break
+    else:
       return d
   # numpy scalars promote like the Python scalars they hold, as in PyTorch
   return dt.result_type(*(o.item() if isinstance(o, np.generic) else o for o in operands))
