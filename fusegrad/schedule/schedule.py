@@ -50,7 +50,9 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
       nodes.append(n)
       continue
     if id(n) in index: continue
-    if id(n) not in root_ids and (n.realized or is_boundary(n)):
+    # a boundary is an input slot, except unrealized constants and iotas: lowering inlines those, so their
+    # values belong to the structure (a kernel cached for one constant must not serve another)
+    if id(n) not in root_ids and (n.realized or (is_boundary(n) and n.op not in ("CONST", "IOTA"))):
       index[id(n)] = len(entries)
       entries.append(("IN", n.dtype, n.shape, n.device, len(inputs)))
       nodes.append(n)

@@ -356,3 +356,16 @@ def test_reduce_seen_only_through_padding(device):
   r = x.sum(1, keepdim=True)
   np.testing.assert_array_equal(r.pad((0, 2))[:, 1:].numpy(), np.zeros((4, 2), np.float32))
   np.testing.assert_array_equal((r.pad((0, 2)) + x)[:, 1:].numpy(), x.numpy()[:, 1:])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_constant_realized_with_its_copy(device):
+  # found by this fuzzer: a constant realized in the same schedule as a copy of it is inlined into the copy's
+  # kernel, so the lowering cache must key that kernel by the constant's value
+  keep = []
+  for value in (1.25, -0.5, 3.0):
+    c = fg.tensor(np.float32(value), device=device)
+    copy = c.abs().contiguous() if value > 0 else (-c).contiguous()
+    fg.realize(copy, c)
+    assert copy.numpy() == abs(value) and c.numpy() == np.float32(value)
+    keep += [c, copy]
