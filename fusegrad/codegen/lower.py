@@ -25,7 +25,7 @@ REDUCE_LANES = 8
 # register blocking of a reduction kernel: each work item computes a ROW_LANES x OUT_LANES block of
 # outputs over the last two parallel dims (or OUT_LANES over the last one), so a matmul's inner loop
 # reads a contiguous row of the right operand once for ROW_LANES rows
-OUT_LANES = (16,)       # the first that divides the columns
+OUT_LANES = (16,)   # candidates, the first dividing the columns wins (32 measured far slower with gcc's SLP)
 ROW_LANES = 4
 # ...but a kernel this small runs fused anyway: splitting it would cost more launches than it saves
 SERIAL_OK = 1 << 14
@@ -39,6 +39,8 @@ EXPAND_RECOMPUTE_OPS = 6
 BLOCK_RECOMPUTE = 16
 # transcendental functions cost several ALU ops (a polynomial, or a libm call)
 _OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF")}
+# ...and for the work estimate (Kernel.cost) sin/cos/tan are libm calls that do not vectorize
+_WORK_COST = {**_OP_COST, "SIN": 16, "COS": 16, "TAN": 16}
 
 
 class NeedsRealize(Exception):
@@ -102,19 +104,16 @@ class _Builder:
     the column lanes is the vectorized inner loop: it must be a plain stride-1 load. The other is computed
     once per block of columns: an expensive one is stored once instead of recomputed per block."""
     col = self.out_lanes[-1]
-    deps = dependencies([val])[id(val)]
-    if col in deps:
+    ops = _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST)
+    if col in dependencies([val])[id(val)]:
       loads = [x for x in toposort([val]) if isinstance(x, (Load, Gather))]
-      ops = _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST)
-      # how many times each element is recomputed: once per block of the rows it is broadcast over
-      reuse = bcast // ROW_LANES
-      if any(not isinstance(x, Load) or not x.valid.is_true or dict(x.idx.terms).get(col) not in (0, 1) for x in loads) \
-         or ops > EXPAND_RECOMPUTE_OPS or (ops and reuse >= BLOCK_RECOMPUTE):
+      strided = any(not isinstance(x, Load) or not x.valid.is_true or dict(x.idx.terms).get(col) not in (0, 1)
+                    for x in loads)
+      # each element is recomputed once per block of the rows it is broadcast over
+      if strided or ops > EXPAND_RECOMPUTE_OPS or (ops and bcast // ROW_LANES >= BLOCK_RECOMPUTE):
         raise NeedsRealize(src, "a computed operand read across the vectorized column lanes")
-    else:
-      ops = _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST)
-      if ops > EXPAND_RECOMPUTE_OPS or (ops and bcast // (col.hi + 1) >= BLOCK_RECOMPUTE):
-        raise NeedsRealize(src, "a computed operand recomputed for every block of columns")
+    elif ops > EXPAND_RECOMPUTE_OPS or (ops and bcast // (col.hi + 1) >= BLOCK_RECOMPUTE):
+      raise NeedsRealize(src, "a computed operand recomputed for every block of columns")
 
   def _is_leaf(self, n: Node) -> bool:
     return (self.is_boundary(n) and n not in self.outputs) or n.op in ("CONST", "IOTA") or n.realized
@@ -172,7 +171,7 @@ class _Builder:
     return Alu(n.op, n.dtype, tuple(self.ev(s, idx, gate) for s in n.src))
 
 
-def _alu_count(n: Node, is_leaf, limit: int, cost: dict = {}) -> int:
+def _alu_count(n: Node, is_leaf, limit: int, cost: dict | None = None) -> int:
   """ALU ops computing n inside a kernel (up to leaves and reductions), counting no further than limit;
   `cost` weighs some ops more than one."""
   seen, stack, count = set(), [n], 0
@@ -180,7 +179,7 @@ def _alu_count(n: Node, is_leaf, limit: int, cost: dict = {}) -> int:
     x = stack.pop()
     if id(x) in seen or is_leaf(x) or x.op == "REDUCE": continue
     seen.add(id(x))
-    if x.op not in ("VIEW", "CONTIGUOUS"): count += cost.get(x.op, 1)
+    if x.op not in ("VIEW", "CONTIGUOUS"): count += cost.get(x.op, 1) if cost else 1
     stack.extend(x.src)
   return count
 
@@ -301,5 +300,5 @@ def _estimate_flops(vals, gsize: int) -> tuple[int, int]:
       for var in deps[id(v)] if isinstance(v, Alu) else deps[id(v.src)]:
         if var.name != "gidx": n *= var.hi + 1
       total += n
-      weighted += n * (_OP_COST.get(v.op, 1) * (4 if v.op in ("SIN", "COS", "TAN") else 1) if isinstance(v, Alu) else 1)
+      weighted += n * (_WORK_COST.get(v.op, 1) if isinstance(v, Alu) else 1)
   return total, weighted
