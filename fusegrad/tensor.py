@@ -959,8 +959,11 @@ class Tensor:
       value = value._cast(self.dtype)
     out = where(mask, value, self)
     return out._cast(self.dtype)._broadcast_to(self.shape) if out.shape != self.shape or out.dtype != self.dtype else out
-  def clone(self) -> "Tensor": return self._alu("ADD", self._new(gn.const(0, self.dtype, (), self.device))) \
-      if not self.dtype.is_bool else self.logical_or(False)
+  def clone(self) -> "Tensor":
+    # values are immutable nodes, so a clone is a new tensor on the same value (x * 1 keeps -0.0 and NaN payloads);
+    # in-place ops on it rebind only the clone
+    if self.dtype.is_bool: return self.logical_or(False)
+    return self._alu("MUL", self._new(gn.const(1, self.dtype, (), self.device)))
   def tile(self, *dims) -> "Tensor":
     dims = _shape_arg(dims)
     if len(dims) < self.ndim: dims = (1,) * (self.ndim - len(dims)) + dims
