@@ -96,19 +96,15 @@ def default_collate(samples: list):
 # ---- host arrays -> device tensors ----------------------------------------------------------------------
 
 def _device_tensor(arr: np.ndarray, device: str) -> Tensor:
-  """A realized Tensor holding a copy of arr, with the numpy dtype kept.
-
-  Safe off the main thread: the memory is a fresh allocation, since the device's pool of freed buffers
-  is not locked (it is refilled when the tensor dies)."""
+  """A realized Tensor holding a copy of arr, with the numpy dtype kept (safe off the main thread: it
+  runs no kernel, and the device's buffer pool is locked)."""
   d = dt.from_numpy(arr.dtype)
   dev = rd.get(device)
   if d not in dev.supported:
     raise RuntimeError(f"device {device} cannot hold dtype {d.name} (supported: "
                        f"{', '.join(sorted(x.name for x in dev.supported))})")
   buf = rd.Buffer(dev, arr.size, d)
-  if arr.size:
-    buf._handle = dev.alloc(buf.nbytes)
-    buf.copyin(arr.view(np.uint16) if d == dt.bfloat16 else arr)
+  if arr.size: buf.copyin(arr.view(np.uint16) if d == dt.bfloat16 else arr)
   return Tensor(_node=gn.buffer_node(buf, d, arr.shape, device))
 
 

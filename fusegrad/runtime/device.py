@@ -5,6 +5,7 @@ first time the device is used, so nothing above the runtime imports a backend.
 """
 from __future__ import annotations
 import importlib
+import threading
 from dataclasses import dataclass, field
 import numpy as np
 from fusegrad import dtype as dt
@@ -84,17 +85,23 @@ class Device:
   free_bytes: int = 0
   max_free_bytes: int = 1 << 30
 
+  # buffers are made and freed on any thread (a data loader's prefetch thread; __del__ runs where the last
+  # reference drops): the pool is locked, re-entrantly since a collection inside it may free a buffer
+  pool_lock: object = field(default_factory=threading.RLock)
+
   def reuse_or_alloc(self, nbytes: int):
-    lst = self.free_lists.get(nbytes)
-    if lst:
-      self.free_bytes -= nbytes
-      return lst.pop()
+    with self.pool_lock:
+      lst = self.free_lists.get(nbytes)
+      if lst:
+        self.free_bytes -= nbytes
+        return lst.pop()
     return self.alloc(nbytes)
 
   def release(self, handle, nbytes: int) -> None:
-    if self.free_bytes + nbytes > self.max_free_bytes: return   # dropped: the allocator frees it
-    self.free_lists.setdefault(nbytes, []).append(handle)
-    self.free_bytes += nbytes
+    with self.pool_lock:
+      if self.free_bytes + nbytes > self.max_free_bytes: return   # dropped: the allocator frees it
+      self.free_lists.setdefault(nbytes, []).append(handle)
+      self.free_bytes += nbytes
 
   def alloc(self, nbytes: int): raise NotImplementedError
   def copyin(self, handle, src: np.ndarray) -> None: raise NotImplementedError
