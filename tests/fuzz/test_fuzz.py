@@ -25,6 +25,7 @@ EXAMPLES = config.FUZZ_EXAMPLES or 40
 U = 2.0 ** -23     # twice float32's unit roundoff: one correctly rounded op
 TR = 2.0 ** -19    # a transcendental: 16 ulps, looser than any libm/OpenCL bound
 MAX_MAG = 1e5      # values larger than this are not built (keeps everything finite)
+TINY = 2.0 ** -149  # float32's smallest subnormal
 MAX_NUMEL = 3000
 MAX_NDIM = 6
 MAX_OPS = 8
@@ -67,7 +68,10 @@ class Program:
 
   def add(self, ref, err, t, code: str) -> Val:
     ref = np.asarray(ref, dtype=np.float64)
-    v = Val(self.new_name(), ref, np.broadcast_to(np.asarray(err, dtype=np.float64), ref.shape), t)
+    # every float32 result may also underflow: an absolute error of up to the smallest subnormal (the relative
+    # bounds of the op tables do not cover results in the subnormal range)
+    err = np.asarray(err, dtype=np.float64) + TINY
+    v = Val(self.new_name(), ref, np.broadcast_to(err, ref.shape), t)
     self.lines.append(f"{v.name} = {code}")
     note(self.lines[-1])
     event(op_name(code))
