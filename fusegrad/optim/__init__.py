@@ -72,8 +72,8 @@ class Optimizer(abc.ABC):
         p.grad = None if set_to_none or p.grad is None else fg.zeros_like(p.grad)
 
   def _scalars(self, p: Tensor, values: list[float]) -> tuple[Tensor, ...]:
-    """This step's hyperparameters for p as 0-d tensors reading a device buffer that is rewritten each
-    step (so nothing recompiles); the views are made once, with the buffer."""
+    """This step's hyperparameters for p as tensors of p's shape (broadcast views) reading a device buffer
+    that is rewritten each step (so nothing recompiles); the views are made once, with the buffer."""
     st = self.state.setdefault(id(p), {})
     buf, views = st.get("_scalars", (None, ()))
     arr = np.array(values, dtype=np.float32 if p.dtype != fg.float64 else np.float64)
@@ -81,7 +81,8 @@ class Optimizer(abc.ABC):
       d = fg.float64 if arr.dtype == np.float64 else fg.float32
       mem = rd.Buffer(rd.get(p.device), arr.size, d)
       buf = Tensor(_node=gn.buffer_node(mem, d, arr.shape, p.device))
-      views = tuple(buf[i] for i in range(arr.size))
+      # broadcast to p's shape once, here: every update op then meets operands of one shape
+      views = tuple(buf[i].reshape((1,) * p.ndim).expand(p.shape) for i in range(arr.size))
       st["_scalars"] = (buf, views)
     buf.node.buffer.copyin(arr)
     return views
