@@ -49,6 +49,19 @@ def copy_weights(ours, theirs) -> None:
   theirs.load_state_dict({k: torch.tensor(v.numpy()) for k, v in ours.state_dict().items()})
 
 
+def train_step(model, opt, batches, loss_fn):
+  """One training step, written once: fusegrad and torch share the API (forward, loss, zero_grad, backward,
+  step, item)."""
+  def step(i):
+    x, y = batches[i % len(batches)]
+    loss = loss_fn(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+  return step
+
+
 # ---- the MLP -------------------------------------------------------------------------------------------------
 
 def mlp_case(rng):
@@ -62,22 +75,8 @@ def mlp_case(rng):
   fg_batches = [(fg.tensor(x), fg.tensor(y)) for x, y in batches]
   th_batches = [(torch.tensor(x), torch.tensor(y)) for x, y in batches]
 
-  def fg_step(i):
-    x, y = fg_batches[i % len(fg_batches)]
-    loss = F.cross_entropy(fg_model(x), y)
-    fg_opt.zero_grad()
-    loss.backward()
-    fg_opt.step()
-    return loss.item()
-
-  def th_step(i):
-    x, y = th_batches[i % len(th_batches)]
-    loss = torch.nn.functional.cross_entropy(th_model(x), y)
-    th_opt.zero_grad()
-    loss.backward()
-    th_opt.step()
-    return loss.item()
-  return "MLP 784-256-256-10, batch 256, Adam", fg_step, th_step
+  return ("MLP 784-256-256-10, batch 256, Adam", train_step(fg_model, fg_opt, fg_batches, F.cross_entropy),
+          train_step(th_model, th_opt, th_batches, torch.nn.functional.cross_entropy))
 
 
 # ---- the transformer ---------------------------------------------------------------------------------------------
@@ -94,23 +93,10 @@ def transformer_case(rng):
   batches = [rng.integers(0, V, (B, T + 1)) for _ in range(8)]
   fg_batches = [(fg.tensor(b[:, :-1]), fg.tensor(b[:, 1:])) for b in batches]
   th_batches = [(torch.tensor(b[:, :-1]), torch.tensor(b[:, 1:])) for b in batches]
-
-  def fg_step(i):
-    x, y = fg_batches[i % len(fg_batches)]
-    loss = F.cross_entropy(fg_model(x).reshape(-1, V), y.reshape(-1))
-    fg_opt.zero_grad()
-    loss.backward()
-    fg_opt.step()
-    return loss.item()
-
-  def th_step(i):
-    x, y = th_batches[i % len(th_batches)]
-    loss = torch.nn.functional.cross_entropy(th_model(x).reshape(-1, V), y.reshape(-1))
-    th_opt.zero_grad()
-    loss.backward()
-    th_opt.step()
-    return loss.item()
-  return f"char transformer d128 L2 H4 T{T}, batch {B}, AdamW", fg_step, th_step
+  lm_loss = lambda ce: (lambda logits, y: ce(logits.reshape(-1, V), y.reshape(-1)))
+  return (f"char transformer d128 L2 H4 T{T}, batch {B}, AdamW",
+          train_step(fg_model, fg_opt, fg_batches, lm_loss(F.cross_entropy)),
+          train_step(th_model, th_opt, th_batches, lm_loss(torch.nn.functional.cross_entropy)))
 
 
 def measure(fg_step, th_step, n: int, rounds: int = 4) -> tuple[float, float, float, float]:

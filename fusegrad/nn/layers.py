@@ -104,50 +104,36 @@ class _ConvNd(Module):
     return s
 
 
-class Conv1d(_ConvNd):
-  _nd = 1
+class _Conv(_ConvNd):
+  """Conv1d/Conv2d: PyTorch's constructor order (padding_mode before device)."""
   def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                padding_mode="zeros", device=None, dtype=None):
     super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
                      device=device, dtype=dtype)
   def forward(self, input):
     x, p = self._padded(input)
-    return F.conv1d(x, self.weight, self.bias, self.stride, p, self.dilation, self.groups)
+    return F._convnd(x, self.weight, self.bias, self.stride, p, self.dilation, self.groups, self._nd,
+                     f"conv{self._nd}d")
 
 
-class Conv2d(_ConvNd):
-  _nd = 2
-  def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-               padding_mode="zeros", device=None, dtype=None):
-    super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
-                     device=device, dtype=dtype)
-  def forward(self, input):
-    x, p = self._padded(input)
-    return F.conv2d(x, self.weight, self.bias, self.stride, p, self.dilation, self.groups)
-
-
-class ConvTranspose1d(_ConvNd):
-  _nd, _transposed = 1, True
+class _ConvTranspose(_ConvNd):
+  """ConvTranspose1d/2d: PyTorch's constructor order (output_padding after padding, dilation after bias)."""
+  _transposed = True
   def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1, bias=True,
                dilation=1, padding_mode="zeros", device=None, dtype=None):
-    if padding_mode != "zeros": raise ValueError('Only "zeros" padding mode is supported for ConvTranspose1d')
+    if padding_mode != "zeros": raise ValueError(f'Only "zeros" padding mode is supported for {type(self).__name__}')
     super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
                      output_padding, device, dtype)
   def forward(self, input, output_size=None):
-    return F.conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding,
-                              self._output_padding(input, output_size), self.groups, self.dilation)
+    return F._conv_transposend(input, self.weight, self.bias, self.stride, self.padding,
+                               self._output_padding(input, output_size), self.groups, self.dilation, self._nd,
+                               f"conv_transpose{self._nd}d")
 
 
-class ConvTranspose2d(_ConvNd):
-  _nd, _transposed = 2, True
-  def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1, bias=True,
-               dilation=1, padding_mode="zeros", device=None, dtype=None):
-    if padding_mode != "zeros": raise ValueError('Only "zeros" padding mode is supported for ConvTranspose2d')
-    super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
-                     output_padding, device, dtype)
-  def forward(self, input, output_size=None):
-    return F.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding,
-                              self._output_padding(input, output_size), self.groups, self.dilation)
+class Conv1d(_Conv): _nd = 1
+class Conv2d(_Conv): _nd = 2
+class ConvTranspose1d(_ConvTranspose): _nd = 1
+class ConvTranspose2d(_ConvTranspose): _nd = 2
 
 
 class _MaxPoolNd(Module):

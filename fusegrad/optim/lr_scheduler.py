@@ -143,16 +143,20 @@ class LRScheduler:
     self._last_lr = _lrs(self.optimizer)
 
 
+def _per_group(optimizer: Optimizer, lr_lambda) -> list:
+  """One lr_lambda for every group, or a list with one per group."""
+  if not isinstance(lr_lambda, (list, tuple)): return [lr_lambda] * len(optimizer.param_groups)
+  if len(lr_lambda) != len(optimizer.param_groups):
+    raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
+  return list(lr_lambda)
+
+
 class LambdaLR(LRScheduler):
   """lr = initial_lr * lr_lambda(epoch); one function, or one per group."""
 
   def __init__(self, optimizer: Optimizer, lr_lambda, last_epoch: int = -1):
     self.optimizer = optimizer
-    if not isinstance(lr_lambda, (list, tuple)): self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
-    else:
-      if len(lr_lambda) != len(optimizer.param_groups):
-        raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
-      self.lr_lambdas = list(lr_lambda)
+    self.lr_lambdas = _per_group(optimizer, lr_lambda)
     super().__init__(optimizer, last_epoch)
 
   state_dict = _lambdas_state
@@ -168,11 +172,7 @@ class MultiplicativeLR(LRScheduler):
 
   def __init__(self, optimizer: Optimizer, lr_lambda, last_epoch: int = -1):
     self.optimizer = optimizer
-    if not isinstance(lr_lambda, (list, tuple)): self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
-    else:
-      if len(lr_lambda) != len(optimizer.param_groups):
-        raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
-      self.lr_lambdas = list(lr_lambda)
+    self.lr_lambdas = _per_group(optimizer, lr_lambda)
     for fn in self.lr_lambdas:
       if not callable(fn): raise TypeError(f"lr_lambda should be a function, but got {type(fn).__name__}")
     super().__init__(optimizer, last_epoch)
