@@ -12,6 +12,7 @@ from fusegrad.tensor import (Tensor, tensor, full, zeros, ones, empty, zeros_lik
                              rand_like, randn_like, arange, linspace, eye, manual_seed, seed, rand, randn, randint,
                              randperm, cat, stack, einsum, where, broadcast_shapes)
 from fusegrad.engine.track import track
+from fusegrad.engine.jit import jit
 from fusegrad.autograd import no_grad, enable_grad, grad, grad_enabled as is_grad_enabled
 from fusegrad.runtime.device import CompileError
 

@@ -11,6 +11,7 @@ import itertools
 import math
 import threading
 from fusegrad import dtype as dt
+from fusegrad.engine import jit as _jit
 
 _state = threading.local()
 _seq = itertools.count()   # recipes are numbered in creation order (see rebind)
@@ -49,6 +50,7 @@ def record(out, kind: str, arg, inputs: tuple) -> None:
 def rebind(t, new) -> None:
   """t takes new's value in place (an in-place op). new's recipe may read t's old value through the
   object t itself: those references move to a stand-in for the old value, so the graph stays acyclic."""
+  _jit.note_rebind(t)
   if new._ctx is not None:
     from fusegrad.tensor import Tensor
     old = Tensor(_node=t.node)

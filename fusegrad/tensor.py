@@ -18,6 +18,7 @@ from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod
 from fusegrad.runtime import device as rd
 from fusegrad import autograd
+from fusegrad.engine import jit as _jit
 
 ReturnMinMax = namedtuple("return_types", ["values", "indices"])
 
@@ -1404,13 +1405,17 @@ def _mix32(x: Tensor) -> Tensor:
 
 def _random_bits(n: int, device: str) -> Tensor:
   """n uniformly distributed uint32 values from (seed, counter); advances the counter."""
-  s = _RNG.seed
-  k0 = (s ^ (s >> 32) ^ 0x9E3779B9) & 0xFFFFFFFF
-  k1 = (_RNG.counter * 0x632BE5AB + 0x85EBCA6B) & 0xFFFFFFFF
-  k2 = (_RNG.counter >> 32) & 0xFFFFFFFF
-  _RNG.counter += n
-  # the keys travel as a buffer, so the kernel is the same for every call and compiles once
-  keys = Tensor(np.array([k0, k1, k2 ^ 0x27D4EB2F], dtype=np.uint32), device=device)
+  # the keys travel as a buffer, so the kernel is the same for every call and compiles once (and a captured
+  # step, fusegrad.jit, draws new keys at every replay)
+  keys = Tensor(_node=gn.buffer_node(rd.Buffer(rd.get(device), 3, dt.uint32), dt.uint32, (3,), device))
+  def draw():
+    s = _RNG.seed
+    k0 = (s ^ (s >> 32) ^ 0x9E3779B9) & 0xFFFFFFFF
+    k1 = (_RNG.counter * 0x632BE5AB + 0x85EBCA6B) & 0xFFFFFFFF
+    k2 = (_RNG.counter >> 32) & 0xFFFFFFFF
+    _RNG.counter += n
+    keys.node.buffer.copyin(np.array([k0, k1, k2 ^ 0x27D4EB2F], dtype=np.uint32))
+  _jit.host(draw)
   i = Tensor(_node=gn.iota(n, dt.uint32, device))
   ka, kb, kc = (keys[j].reshape(1).expand(n) for j in range(3))
   h = _mix32(i ^ ka)

@@ -5,7 +5,7 @@ from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.runtime import device as rd
 from fusegrad.schedule.schedule import create_schedule
-from fusegrad.engine import track
+from fusegrad.engine import track, jit
 
 
 def realize(*nodes: Node) -> None:
@@ -22,6 +22,7 @@ def realize(*nodes: Node) -> None:
       buf = rd.Buffer(dev, out.numel, out.dtype)
       if out.numel: buf.copyin(src.numpy())
       track.record_copy()
+      if (rec := jit.recorder()) is not None: rec.copy(src, buf)
     out.buffer = buf
     gn.forget(out)
 
@@ -34,15 +35,22 @@ def _run_kernel(item, dev) -> None:
   bufs = [rd.Buffer(dev, o.numel, o.dtype) for o in item.outputs]
   if item.outputs[0].numel:
     program, src = dev.kernel_program(k)
-    handles = [b.handle for b in bufs] + [i.buffer.handle for i in item.inputs]
-    timed = track.wants_timing()
-    t0 = time.perf_counter()
-    dev.launch(program, k, handles)
-    if timed:
-      dev.synchronize()
-      nbytes = sum(b.size * b.dtype.itemsize for b in k.bufs)
-      track.record(track.KernelRecord(k.name, dev.name, src, (k.global_size,), k.local_size,
-                                      time.perf_counter() - t0, k.flops, nbytes))
+    everything = bufs + [i.buffer for i in item.inputs]
+    launch(dev, program, k, src, [b.handle for b in everything])
+    if (rec := jit.recorder()) is not None: rec.kernel(dev, program, k, src, everything, len(bufs))
   for o, b in zip(item.outputs, bufs):
     o.buffer = b
     gn.forget(o)
+
+
+def launch(dev, program, k, src: str, handles: list) -> None:
+  """Run one compiled kernel on its buffers' handles (outputs first), timed when someone tracks kernels."""
+  if not track.wants_timing():
+    dev.launch(program, k, handles)
+    return
+  t0 = time.perf_counter()
+  dev.launch(program, k, handles)
+  dev.synchronize()
+  nbytes = sum(b.size * b.dtype.itemsize for b in k.bufs)
+  track.record(track.KernelRecord(k.name, dev.name, src, (k.global_size,), k.local_size,
+                                  time.perf_counter() - t0, k.flops, nbytes))

@@ -17,6 +17,7 @@ import copy
 import itertools
 import numpy as np
 import fusegrad as fg
+from fusegrad.engine import jit as _jit
 from fusegrad.graph import node as gn
 from fusegrad.runtime import device as rd
 from fusegrad.tensor import Tensor
@@ -71,21 +72,23 @@ class Optimizer(abc.ABC):
       for p in g["params"]:
         p.grad = None if set_to_none or p.grad is None else fg.zeros_like(p.grad)
 
-  def _scalars(self, p: Tensor, values: list[float]) -> tuple[Tensor, ...]:
-    """This step's hyperparameters for p as tensors of p's shape (broadcast views) reading a device buffer
-    that is rewritten each step (so nothing recompiles); the views are made once, with the buffer."""
-    st = self.state.setdefault(id(p), {})
-    buf, views = st.get("_scalars", (None, ()))
-    arr = np.array(values, dtype=np.float32 if p.dtype != fg.float64 else np.float64)
-    if buf is None or buf.shape != arr.shape:
-      d = fg.float64 if arr.dtype == np.float64 else fg.float32
-      mem = rd.Buffer(rd.get(p.device), arr.size, d)
-      buf = Tensor(_node=gn.buffer_node(mem, d, arr.shape, p.device))
-      # broadcast to p's shape once, here: every update op then meets operands of one shape
-      views = tuple(buf[i].reshape((1,) * p.ndim).expand(p.shape) for i in range(arr.size))
-      st["_scalars"] = (buf, views)
-    buf.node.buffer.copyin(arr)
-    return views
+  def _scalars(self, p: Tensor, group: dict, state: dict) -> tuple[Tensor, ...]:
+    """This step's hyperparameters for p (`_hyper`) as tensors of p's shape: broadcast views, made once, of a
+    device buffer rewritten each step, so nothing recompiles when a scheduler changes them. A captured step
+    (fusegrad.jit) recomputes and rewrites them at every replay."""
+    def write():
+      arr = np.array(self._hyper(group, state), dtype=np.float32 if p.dtype != fg.float64 else np.float64)
+      buf, views = state.get("_scalars", (None, ()))
+      if buf is None or buf.shape != arr.shape:
+        d = fg.float64 if arr.dtype == np.float64 else fg.float32
+        mem = rd.Buffer(rd.get(p.device), arr.size, d)
+        buf = Tensor(_node=gn.buffer_node(mem, d, arr.shape, p.device))
+        # broadcast to p's shape once, here: every update op then meets operands of one shape
+        views = tuple(buf[i].reshape((1,) * p.ndim).expand(p.shape) for i in range(arr.size))
+        state["_scalars"] = (buf, views)
+      buf.node.buffer.copyin(arr)
+    _jit.host(write)
+    return state["_scalars"][1]
 
   def step(self, closure=None):
     """One update of every parameter with a gradient; closure (re-evaluating the loss) as in PyTorch."""
@@ -93,21 +96,46 @@ class Optimizer(abc.ABC):
     if closure is not None:
       with fg.enable_grad(): loss = closure()
     self._opt_called = True   # lets a learning-rate scheduler warn when it is stepped first, as PyTorch's does
+    structure = self._structure()
+    _jit.guard(lambda: self._structure() == structure)
     updates = []
     with fg.no_grad():
       for g in self.param_groups:
         for p in g["params"]:
           if p.grad is None: continue
-          new, states = self._update(p, p.grad.detach(), g, self.state.setdefault(id(p), {}))
+          state = self.state.setdefault(id(p), {})
+          new, states = self._update(p, p.grad.detach(), g, state, self._scalars(p, g, state))
           p._assign(new.to(p.dtype))
           updates.append(p)
           updates.extend(states)
     if updates: fg.realize(*updates)
     return loss
 
+  # group entries that select a different update graph rather than a value in it: a captured step
+  # (fusegrad.jit) is replayed only while they are unchanged
+  _STRUCTURAL = ("momentum", "nesterov", "weight_decay", "amsgrad", "maximize", "decoupled_weight_decay",
+                 "centered")
+
+  def _structure(self) -> tuple:
+    return tuple((len(g["params"]),) + tuple(bool(g[k]) for k in self._STRUCTURAL if k in g) for g in self.param_groups)
+
+  @staticmethod
+  def _set_state(state: dict, name: str, value: Tensor) -> Tensor:
+    """state[name] = value, updating an existing state tensor in place (a captured step's state is updated in place)."""
+    old = state.get(name)
+    if isinstance(old, Tensor) and old.shape == value.shape and old.dtype == value.dtype:
+      old._assign(value)
+      return old
+    state[name] = value = value.detach()   # an object of its own: two states never alias (amsgrad's first max is v)
+    return value
+
   @abc.abstractmethod
-  def _update(self, p: Tensor, grad: Tensor, group: dict, state: dict) -> tuple[Tensor, list[Tensor]]:
-    """The new value of p and the state tensors to realize with it."""
+  def _hyper(self, group: dict, state: dict) -> list:
+    """This step's hyperparameter values for one parameter (advancing its step count)."""
+
+  @abc.abstractmethod
+  def _update(self, p: Tensor, grad: Tensor, group: dict, state: dict, s: tuple) -> tuple[Tensor, list[Tensor]]:
+    """The new value of p and the state tensors to realize with it; s are the `_hyper` values as tensors."""
 
   # ---- checkpoints, in PyTorch's layout ----
   def state_dict(self) -> dict:
@@ -142,6 +170,7 @@ class Optimizer(abc.ABC):
       state[id(p)] = {name: _load_value(p, name, v) for name, v in st.items()}
     self.param_groups = [{**s, "params": g["params"]} for g, s in zip(self.param_groups, saved)]
     self.state = state
+    _jit.invalidate()   # a captured step holds the old groups and state tensors
 
 
 def _load_value(p: Tensor, name: str, v):
@@ -167,16 +196,17 @@ class SGD(Optimizer):
     super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                   nesterov=nesterov, maximize=maximize))
 
-  def _update(self, p, grad, g, state):
-    s = self._scalars(p, [g["lr"], g["momentum"], 1 - g["dampening"], g["weight_decay"]])
+  def _hyper(self, g, state):
+    return [g["lr"], g["momentum"], 1 - g["dampening"], g["weight_decay"]]
+
+  def _update(self, p, grad, g, state, s):
     lr, mom, damp1, wd = s[0], s[1], s[2], s[3]
     if g["maximize"]: grad = -grad
     if g["weight_decay"]: grad = grad + wd * p
     states = []
     if g["momentum"]:
       buf = state.get("momentum_buffer")
-      buf = grad if buf is None else buf * mom + damp1 * grad
-      state["momentum_buffer"] = buf
+      buf = self._set_state(state, "momentum_buffer", grad if buf is None else buf * mom + damp1 * grad)
       states.append(buf)
       grad = grad + mom * buf if g["nesterov"] else buf
     return p - lr * grad, states
@@ -193,27 +223,28 @@ class Adam(Optimizer):
     super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                   maximize=maximize, decoupled_weight_decay=decoupled_weight_decay))
 
-  def _update(self, p, grad, g, state):
+  def _hyper(self, g, state):
     b1, b2 = g["betas"]
     lr, wd = g["lr"], g["weight_decay"]
     t = state["step"] = state.get("step", 0) + 1
     # PyTorch's host-side scalars: step_size = lr / (1 - b1^t), sqrt(1 - b2^t), the decoupled decay 1 - lr * wd
-    s = self._scalars(p, [lr / (1 - b1 ** t), (1 - b2 ** t) ** 0.5, g["eps"], 1 - b1, b2, 1 - b2, wd, 1 - lr * wd])
+    return [lr / (1 - b1 ** t), (1 - b2 ** t) ** 0.5, g["eps"], 1 - b1, b2, 1 - b2, wd, 1 - lr * wd]
+
+  def _update(self, p, grad, g, state, s):
+    wd = g["weight_decay"]
     step_size, bc2_sqrt, eps, w1, b2_, w2, wd_, decay = (s[i] for i in range(8))
     if g["maximize"]: grad = -grad
     if wd:
       if g["decoupled_weight_decay"]: p = p * decay
       else: grad = grad + wd_ * p
     m, v = state.get("exp_avg"), state.get("exp_avg_sq")
-    m = w1 * grad if m is None else _lerp(m, grad, w1)
-    v = w2 * grad * grad if v is None else v * b2_ + w2 * grad * grad
-    state["exp_avg"], state["exp_avg_sq"] = m, v
+    m = self._set_state(state, "exp_avg", w1 * grad if m is None else _lerp(m, grad, w1))
+    v = self._set_state(state, "exp_avg_sq", w2 * grad * grad if v is None else v * b2_ + w2 * grad * grad)
     states = [m, v]
     vv = v
     if g["amsgrad"]:
       vmax = state.get("max_exp_avg_sq")
-      vv = v if vmax is None else vmax.maximum(v)
-      state["max_exp_avg_sq"] = vv
+      vv = self._set_state(state, "max_exp_avg_sq", v if vmax is None else vmax.maximum(v))
       states.append(vv)
     # PyTorch's order of operations: p - step_size * m / (sqrt(v) / sqrt(bc2) + eps)
     return p - step_size * m / (vv.sqrt() / bc2_sqrt + eps), states
@@ -236,28 +267,27 @@ class RMSprop(Optimizer):
     super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
                                   centered=centered, maximize=maximize))
 
-  def _update(self, p, grad, g, state):
+  def _hyper(self, g, state):
     state["step"] = state.get("step", 0) + 1
-    s = self._scalars(p, [g["lr"], g["alpha"], 1 - g["alpha"], g["eps"], g["weight_decay"], g["momentum"]])
+    return [g["lr"], g["alpha"], 1 - g["alpha"], g["eps"], g["weight_decay"], g["momentum"]]
+
+  def _update(self, p, grad, g, state, s):
     lr, alpha, w, eps, wd, mom = (s[i] for i in range(6))
     if g["maximize"]: grad = -grad
     if g["weight_decay"]: grad = grad + wd * p
     sq = state.get("square_avg")
-    sq = w * grad * grad if sq is None else sq * alpha + w * grad * grad
-    state["square_avg"] = sq
+    sq = self._set_state(state, "square_avg", w * grad * grad if sq is None else sq * alpha + w * grad * grad)
     states = [sq]
     if g["centered"]:
       ga = state.get("grad_avg")
-      ga = w * grad if ga is None else _lerp(ga, grad, w)
-      state["grad_avg"] = ga
+      ga = self._set_state(state, "grad_avg", w * grad if ga is None else _lerp(ga, grad, w))
       states.append(ga)
       avg = (sq - ga * ga).sqrt() + eps
     else:
       avg = sq.sqrt() + eps
     if g["momentum"] > 0:
       buf = state.get("momentum_buffer")
-      buf = grad / avg if buf is None else buf * mom + grad / avg
-      state["momentum_buffer"] = buf
+      buf = self._set_state(state, "momentum_buffer", grad / avg if buf is None else buf * mom + grad / avg)
       states.append(buf)
       return p - lr * buf, states
     return p - lr * grad / avg, states
@@ -281,16 +311,17 @@ class Adagrad(Optimizer):
     for p in g["params"]:   # PyTorch creates Adagrad's state up front
       self.state.setdefault(id(p), {}).update(step=0, sum=fg.full_like(p, g["initial_accumulator_value"]))
 
-  def _update(self, p, grad, g, state):
+  def _hyper(self, g, state):
     t = state["step"] = state.get("step", 0) + 1
-    s = self._scalars(p, [g["lr"] / (1 + (t - 1) * g["lr_decay"]), g["eps"], g["weight_decay"]])
+    return [g["lr"] / (1 + (t - 1) * g["lr_decay"]), g["eps"], g["weight_decay"]]
+
+  def _update(self, p, grad, g, state, s):
     clr, eps, wd = s[0], s[1], s[2]
     if g["maximize"]: grad = -grad
     if g["weight_decay"]: grad = grad + wd * p
     acc = state.get("sum")
     if acc is None: acc = fg.full_like(p, g["initial_accumulator_value"])
-    acc = acc + grad * grad
-    state["sum"] = acc
+    acc = self._set_state(state, "sum", acc + grad * grad)
     return p - clr * grad / (acc.sqrt() + eps), [acc]
 
 

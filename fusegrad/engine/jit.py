@@ -1,0 +1,325 @@
+"""Capture a step once, replay its kernels: `fusegrad.jit`.
+
+A training step builds the same graph every iteration: the Python that records it, schedules it and
+looks up its kernels costs more than the kernels of a small model. `fusegrad.jit(step)` runs the
+step eagerly twice — the first call creates what later calls update (optimizer moments, running
+statistics), the second records every kernel launched, every buffer it read and wrote, and every
+host-side value written into a buffer — and from the third call on only launches those kernels.
+
+What a replay reads and writes:
+  * the tensor arguments: each call's tensors are bound in place of the captured ones (shapes,
+    dtypes and devices are part of the cache key, with the non-tensor arguments and the grad mode;
+    a new key is warmed up and captured on its own);
+  * the returned tensors: computed into fresh buffers each call (a kept result stays valid);
+  * state: a tensor that existed before the step and that the step updated in place (`p._assign`,
+    `+=`, `copy_`, an optimizer's step, BatchNorm's running statistics). Each state tensor owns
+    two buffers and a replay reads the current one and writes the other, never a buffer that a
+    live tensor still holds, so a value read before a step stays what it was;
+  * host values registered with `host()` (an optimizer's step count and learning rate, random
+    number keys) are recomputed and written at their place in the replay.
+Everything else the step computed is an internal buffer of the capture: `.grad` and other tensors
+the step left behind are not updated by replays. Python control flow is frozen at the capture (the
+code does not run again), and a registered `guard()` that fails drops the capture (an optimizer
+whose hyperparameters change structure); `invalidate()` drops every capture (an optimizer loaded
+from a state dict).
+"""
+from __future__ import annotations
+import functools
+import threading
+import time
+import weakref
+from collections import OrderedDict
+
+_local = threading.local()
+_generation = [0]
+MAX_CAPTURES = 8
+
+
+def invalidate() -> None:
+  """Forget every capture: the next call of each jitted function warms up and captures again."""
+  _generation[0] += 1
+
+
+def recorder() -> "_Recorder | None":
+  return getattr(_local, "rec", None)
+
+
+def host(fn) -> None:
+  """Run fn (host code that writes values into device buffers) now, and again at this point of every
+  replay of a step being captured."""
+  fn()
+  rec = getattr(_local, "rec", None)
+  if rec is not None and rec.recording: rec.items.append(("host", fn))
+
+
+def guard(fn) -> None:
+  """While a step is being captured: fn() must stay true for a replay to be valid; checked before
+  every replay, and a capture whose guard fails is dropped (the call runs eagerly and captures again)."""
+  rec = getattr(_local, "rec", None)
+  if rec is not None and rec.recording: rec.guards.append(fn)
+
+
+def note_rebind(t) -> None:
+  """autograd.rebind tells the recorder about each in-place update (the candidates for state)."""
+  rec = getattr(_local, "rec", None)
+  if rec is not None and id(t) not in rec.rebound: rec.rebound[id(t)] = (weakref.ref(t), t.node)
+
+
+class _Recorder:
+  def __init__(self, recording: bool):
+    self.recording = recording
+    self.items: list = []        # ("kernel", dev, program, kernel, src, [Buffer]) | ("copy", src, dst) | ("host", fn)
+    self.written: dict = {}      # id(Buffer) -> Buffer, for buffers a recorded item wrote
+    self.rebound: dict = {}      # id(tensor) -> (weakref to it, its node before the first in-place update)
+    self.guards: list = []
+
+  def kernel(self, dev, program, kernel, src, bufs: list, n_out: int) -> None:
+    if not self.recording: return
+    self.items.append(("kernel", dev, program, kernel, src, list(bufs)))
+    for b in bufs[:n_out]: self.written[id(b)] = b
+
+  def copy(self, src, dst) -> None:
+    if not self.recording: return
+    self.items.append(("copy", src, dst))
+    self.written[id(dst)] = dst
+
+
+class jit:
+  """Decorator: `step = fusegrad.jit(step)`; see the module docstring for what a replay updates."""
+
+  def __init__(self, fn):
+    self.fn = fn
+    self._captures: "OrderedDict[tuple, object]" = OrderedDict()
+    functools.update_wrapper(self, fn)
+
+  def __get__(self, obj, objtype=None):   # decorating a method: bind like a function would
+    return self if obj is None else functools.partial(self.__call__, obj)
+
+  def reset(self) -> None:
+    """Forget this function's captures."""
+    self._captures.clear()
+
+  def __call__(self, *args, **kwargs):
+    from fusegrad.tensor import Tensor
+    from fusegrad import autograd
+    if recorder() is not None:
+      raise RuntimeError("fusegrad.jit: a jitted function was called while another one is being captured")
+    args, kwargs, tensors, key = _flatten_args(args, kwargs, Tensor)
+    key = (key, autograd.grad_enabled(), _generation[0])
+    entry = self._captures.get(key)
+    if isinstance(entry, _Capture) and not all(g() for g in entry.guards):
+      entry = None      # warm up again: the changed step may create state (a momentum buffer) on its first call
+      del self._captures[key]
+    if isinstance(entry, _Capture):
+      self._captures.move_to_end(key)
+      return entry.replay(tensors)
+    for t in tensors: t.realize()
+    if entry is None:   # first call: eager, and whatever it updated in place is realized (state)
+      self._captures[key] = "warm"
+      if len(self._captures) > MAX_CAPTURES: self._captures.popitem(last=False)
+      return _run(self.fn, args, kwargs, _Recorder(recording=False))[0]
+    rec = _Recorder(recording=True)
+    inputs = [t.node.buffer for t in tensors]    # before the step runs: it may rebind an argument
+    out, outs, states = _run(self.fn, args, kwargs, rec)
+    try:
+      self._captures[key] = _Capture(rec, inputs, out, outs, states)
+    except _Shared:
+      if entry != "warm": raise NotImplementedError("fusegrad.jit: two tensors updated in place by the step share "
+                                                    "storage") from None
+      _unshare(states)    # state created by the first call can alias (amsgrad's first maximum is the variance)
+      self._captures[key] = "unshared"
+    return out
+
+
+def _run(fn, args, kwargs, rec: _Recorder):
+  """Call fn with rec active; realize its tensor results and the live tensors it updated in place."""
+  from fusegrad.tensor import Tensor
+  from fusegrad.engine.realize import realize
+  _local.rec = rec
+  try:
+    out = fn(*args, **kwargs)
+    outs = _flatten_out(out, Tensor)
+    states = [t for t in (r() for r, _ in rec.rebound.values()) if t is not None]
+    realize(*[t.node for t in outs + states])
+  finally:
+    _local.rec = None
+  from fusegrad.graph import node as gn
+  for t in states:   # a realized constant would still fold into the next step's graph as a literal: make it data
+    if t.node.op == "CONST": t.node = gn.buffer_node(t.node.buffer, t.dtype, t.shape, t.device)
+  return out, outs, states
+
+
+class _Shared(Exception):
+  """Two state tensors read one buffer: a capture cannot tell their reads apart."""
+
+
+def _unshare(states: list) -> None:
+  """Give state tensors that share a buffer copies of their own, so that a capture can tell what each reads."""
+  from fusegrad.graph import node as gn
+  from fusegrad.runtime import device as rd
+  seen: set = set()
+  for t in states:
+    b = t.node.buffer
+    if b is None: continue
+    if id(b) in seen:
+      nb = rd.Buffer(b.device, b.size, b.dtype)
+      if b.size: nb.copyin(b.numpy())
+      t.node = gn.buffer_node(nb, t.dtype, t.shape, t.device)
+    seen.add(id(b))
+
+
+def _flatten_args(args, kwargs, Tensor):
+  """numpy arrays become tensors; returns (args, kwargs, tensor leaves in order, hashable key)."""
+  import numpy as np
+  tensors: list = []
+  def walk(x):
+    if isinstance(x, np.ndarray): x = Tensor(x)
+    if isinstance(x, Tensor):
+      tensors.append(x)
+      return x, ("T", x.shape, x.dtype, x.device)
+    if isinstance(x, (list, tuple)):
+      pairs = [walk(v) for v in x]
+      return type(x)(p[0] for p in pairs), (type(x).__name__, tuple(p[1] for p in pairs))
+    if isinstance(x, dict):
+      pairs = {k: walk(v) for k, v in x.items()}
+      return {k: p[0] for k, p in pairs.items()}, ("dict", tuple((k, p[1]) for k, p in pairs.items()))
+    try:
+      hash(x)
+    except TypeError:
+      raise TypeError(f"fusegrad.jit: arguments must be tensors, arrays or hashable values (they key the capture); "
+                      f"got {type(x).__name__}") from None
+    return x, ("V", type(x), x)
+  args2, akey = walk(tuple(args))
+  kw = {k: walk(v) for k, v in kwargs.items()}
+  return args2, {k: p[0] for k, p in kw.items()}, tensors, (akey, tuple((k, p[1]) for k, p in sorted(kw.items())))
+
+
+def _flatten_out(out, Tensor) -> list:
+  if isinstance(out, Tensor): return [out]
+  if isinstance(out, (list, tuple)): return [t for v in out for t in _flatten_out(v, Tensor)]
+  if isinstance(out, dict): return [t for v in out.values() for t in _flatten_out(v, Tensor)]
+  return []
+
+
+def _rebuild_out(out, fresh: list, Tensor):
+  """out's structure with its tensors replaced, in order, by the tensors in fresh."""
+  if isinstance(out, Tensor): return fresh.pop(0)
+  if isinstance(out, (list, tuple)):
+    vals = [_rebuild_out(v, fresh, Tensor) for v in out]
+    return type(out)(*vals) if hasattr(out, "_fields") else type(out)(vals)
+  if isinstance(out, dict): return {k: _rebuild_out(v, fresh, Tensor) for k, v in out.items()}
+  return out
+
+
+class _State:
+  """A tensor the step updates in place: the captured buffers it was read from and written to, and the
+  two buffers it alternates between in replays."""
+  __slots__ = ("tensor", "before", "after", "owned", "handed")
+
+  def __init__(self, tensor, before, after):
+    self.tensor, self.before, self.after = tensor, before, after
+    self.owned = [after, None]                 # the captured output buffer and a twin made on first need
+    self.handed: list = [[], []]               # weakrefs to the nodes that hold each owned buffer
+
+  def target(self, cur):
+    """A buffer to write this replay's value to: an owned one that is not cur and that nothing still reads."""
+    from fusegrad.runtime import device as rd
+    for i in (0, 1):
+      b = self.owned[i]
+      if b is cur: continue
+      if b is not None and all(r() is None for r in self.handed[i]):
+        self.handed[i] = []
+        return i, b
+    i = 1 if self.owned[0] is cur else 0
+    self.owned[i] = rd.Buffer(self.after.device, self.after.size, self.after.dtype)
+    self.handed[i] = []
+    return i, self.owned[i]
+
+
+class _Capture:
+  def __init__(self, rec: _Recorder, inputs: list, out, outs: list, states: list):
+    from fusegrad.tensor import Tensor
+    self.items, self.guards, self.out = rec.items, rec.guards, out
+    written = rec.written
+    self.inputs = inputs
+    input_ids = {id(b) for b in self.inputs}
+    self.states: list[_State] = []
+    claimed: set = set()
+    for t in states:
+      before = rec.rebound[id(t)][1]
+      after = t.node.buffer
+      if before.buffer is None or id(before.buffer) in written or after is before.buffer: continue   # made in the step
+      if id(before.buffer) in input_ids:
+        raise NotImplementedError("fusegrad.jit: the step updates one of its tensor arguments in place; pass it as "
+                                  "state the step owns (a module buffer, a global) or return the new value")
+      if id(after) not in written:
+        raise NotImplementedError(f"fusegrad.jit: a tensor of shape {tuple(t.shape)} was set in place to a value the "
+                                  "step did not compute (an argument or an existing tensor); copy it with .clone()")
+      if id(after) in claimed or id(before.buffer) in claimed: raise _Shared()
+      claimed.update((id(after), id(before.buffer)))
+      st = _State(t, before.buffer, after)
+      st.handed[0].append(weakref.ref(t.node))   # the step's own node holds the captured buffer too
+      self.states.append(st)
+    state_after = {id(s.after) for s in self.states}
+    # results: written by a kernel of the step -> a fresh buffer each call; anything else is copied
+    self.outs = []
+    for t in outs:
+      b = t.node.buffer
+      fresh = id(b) in written and id(b) not in state_after
+      self.outs.append((b, fresh, t.dtype, t.shape, t.device))
+    self._Tensor = Tensor
+
+  def replay(self, tensors: list):
+    from fusegrad.graph import node as gn
+    from fusegrad.runtime import device as rd
+    from fusegrad.engine.realize import launch
+    sub: dict = {}
+    for cap, t in zip(self.inputs, tensors):
+      if not t.node.realized: t.realize()
+      sub[id(cap)] = t.node.buffer
+    targets = []
+    for s in self.states:
+      t = s.tensor
+      if not t.node.realized: t.realize()
+      cur = t.node.buffer
+      if cur.size != s.before.size or cur.dtype != s.before.dtype:
+        raise RuntimeError(f"fusegrad.jit: a state tensor changed size or dtype since the capture "
+                           f"({s.before.size} {s.before.dtype.name} -> {cur.size} {cur.dtype.name})")
+      i, b = s.target(cur)
+      sub[id(s.before)] = cur
+      sub[id(s.after)] = b
+      targets.append(i)
+    results = []
+    for b, fresh, dtype, shape, device in self.outs:
+      if fresh:
+        nb = rd.Buffer(b.device, b.size, dtype)
+        sub[id(b)] = nb
+        results.append(nb)
+      else:
+        results.append(None)
+    for item in self.items:
+      kind = item[0]
+      if kind == "kernel":
+        _, dev, program, kernel, src, bufs = item
+        launch(dev, program, kernel, src, [sub.get(id(b), b).handle for b in bufs])
+      elif kind == "host":
+        item[1]()
+      else:
+        _, src, dst = item
+        sub.get(id(dst), dst).copyin(sub.get(id(src), src).numpy())
+    for s, i in zip(self.states, targets): s.tensor.node = _owned_node(s, i, s.tensor)
+    fresh_tensors = []
+    for (b, fresh, dtype, shape, device), nb in zip(self.outs, results):
+      if nb is None:   # not computed into a buffer of its own (an argument, a state, a constant): a copy
+        src = sub.get(id(b), b)
+        nb = rd.Buffer(src.device, src.size, dtype)
+        if src.size: nb.copyin(src.numpy())
+      fresh_tensors.append(self._Tensor(_node=gn.buffer_node(nb, dtype, shape, device)))
+    return _rebuild_out(self.out, fresh_tensors, self._Tensor)
+
+
+def _owned_node(s: _State, i: int, t):
+  from fusegrad.graph import node as gn
+  n = gn.buffer_node(s.owned[i], t.dtype, t.shape, t.device)
+  s.handed[i].append(weakref.ref(n))
+  return n
