@@ -71,6 +71,11 @@ def rebind(t, new) -> None:
 
 # ---- the rules: (arg, inputs, out_tensor, grad) -> one gradient (or None) per input ------------------
 
+def _where(c, a, b):
+  from fusegrad.tensor import where
+  return where(c, a, b)
+
+
 def _T(node):
   from fusegrad.tensor import Tensor
   return Tensor(_node=node)
@@ -186,7 +191,12 @@ def _matmul_rule(arg, inputs, out, g):
   ga = _unbroadcast(g @ b.mT, a.shape) if a.requires_grad else None
   if not b.requires_grad: return ga, None
   if b.ndim == 2 and a.ndim > 2:    # a batch against one matrix: one matmul over all rows
-    gb = a.reshape(-1, a.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+    a, g = a.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
+  if b.ndim == 2 and a.ndim == 2:
+    from fusegrad.tensor import _transposed_view
+    # b is w.T (a Linear layer's weight): compute w's gradient g^T a in w's own layout, so that its consumer
+    # (the optimizer's update, elementwise over w) reads it contiguously
+    gb = (g.T @ a).T if _transposed_view(b) else a.T @ g
   else:
     gb = _unbroadcast(a.mT @ g, b.shape)
   return ga, gb
@@ -250,6 +260,7 @@ RULES = {
   "UNFOLD": _unfold_rule,
   "CONTIGUOUS": lambda arg, ins, out, g: (g,),
   "SIGMOID": lambda arg, ins, out, g: (g * out * (1 - out),),
+  "RELU": lambda arg, ins, out, g: (_where(out <= 0, 0, g),),
   "COPY": lambda arg, ins, out, g: (g.to(ins[0].device),),
 }
 

@@ -265,3 +265,32 @@ def test_adam_update_is_one_kernel_with_three_outputs(rng):
   np.testing.assert_allclose(m2.numpy(), m_ref, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(v2.numpy(), v_ref, rtol=1e-6, atol=1e-9)
   np.testing.assert_allclose(p2.numpy(), p_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_shared_matmul_stores_its_activation(rng):
+  # h = relu(x @ w + b) read by two kernels: the matmul's kernel stores h itself (the bias and the relu are its
+  # epilogue), so neither reader recomputes them and nothing stores the bare product
+  x, w, b, w2 = randn(rng, 64, 96), randn(rng, 96, 64), randn(rng, 64), randn(rng, 64, 32)
+  tx, tw, tb, tw2 = map(realized, (x, w, b, w2))
+  h = (tx @ tw + tb).relu()
+  outs = [h @ tw2, h.sum(0)]
+  items = create_schedule([o.node for o in outs])
+  assert len(items) == 3
+  assert items[0].outputs[0] is h.node and items[0].outputs[0].op == "WHERE"
+  assert not any(o.op == "REDUCE" for it in items for o in it.outputs if o.shape == (64, 1, 64))
+  hr = np.maximum(x.astype(np.float64) @ w + b, 0)
+  fg.realize(*outs)
+  np.testing.assert_allclose(outs[0].numpy(), hr @ w2, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(outs[1].numpy(), hr.sum(0), rtol=1e-4, atol=1e-3)
+
+
+def test_linear_weight_gradient_is_computed_in_the_weights_layout(rng):
+  # Linear computes x @ w.T; w's gradient g.T @ x comes out as [out, in] like w, so the optimizer's update (one
+  # elementwise kernel over w) reads it contiguously
+  lin = fg.nn.Linear(48, 32).to(DEV)
+  x = realized(randn(rng, 64, 48))
+  opt = fg.optim.SGD(lin.parameters(), lr=0.1)
+  lin(x).square().mean().backward()
+  with fg.track() as t: opt.step()
+  shapes = [k.name for k in t.kernels]
+  assert "r_32_48" in shapes and "r_48_32" not in shapes, shapes

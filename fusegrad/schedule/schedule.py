@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from fusegrad.graph import ops
 from fusegrad.graph.node import Node
 from fusegrad.codegen.lower import lower, NeedsRealize
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
@@ -120,6 +121,11 @@ def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:
     if n.op in ("COPY", "GATHER") and not n.src[0].realized: cut.add(id(n.src[0]))
 
   is_boundary = lambda n: id(n) in cut or n.realized
+  consumers: dict[int, list] = {}
+  for n in order:
+    if n.realized: continue
+    for s in n.src: consumers.setdefault(id(s), []).append(n)
+  for r in roots: consumers.setdefault(id(r), []).append(None)   # read by whoever asked for it
   lowered: dict[int, tuple] = {}
   while True:
     changed = False
@@ -137,7 +143,8 @@ def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:
           stack.append(s)
     for n in order:
       if len(users.get(id(n), ())) > 1 and id(n) not in cut:
-        cut.add(id(n)); changed = True
+        e = _epilogue_end(n, consumers, cut)
+        if id(e) not in cut: cut.add(id(e)); changed = True
     if changed: lowered.clear(); continue
     for n in order:
       if id(n) not in cut or n.op == "COPY" or n.numel == 0 or id(n) in lowered: continue
@@ -159,6 +166,51 @@ def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:
       k, inputs = lowered[id(n)]
       items.append(ScheduleItem("KERNEL", [n], inputs, k))
   return _merge_elementwise(items, is_boundary)
+
+
+# how far the elementwise chain after a shared reduction may be followed (see _epilogue_end)
+EPILOGUE_NODES = 8
+EPILOGUE_OTHER_OPS = 6
+
+
+def _epilogue_end(r: Node, consumers: dict, cut: set) -> Node:
+  """Where to cut for a reduction r that several kernels read: at the end of the elementwise chain that every
+  use of r goes through, if there is one (relu(x @ w + b): the matmul's kernel stores the activation). Its
+  consumers then read a plain buffer instead of recomputing the chain, and nothing else needs r itself."""
+  region = {id(r): r}
+  end = r
+  def cheap(x: Node) -> bool:   # another operand of the chain: a few elementwise ops over buffers and constants
+    count, stack, seen = 0, [x], set()
+    while stack:
+      y = stack.pop()
+      if id(y) in seen or id(y) in region or y.realized or id(y) in cut or y.op in ("CONST", "IOTA", "BUFFER"): continue
+      seen.add(id(y))
+      if y.op in ("REDUCE", "GATHER", "COPY", "CONTIGUOUS"): return False
+      if y.op != "VIEW": count += 1
+      if count > EPILOGUE_OTHER_OPS: return False
+      stack.extend(y.src)
+    return True
+  for _ in range(EPILOGUE_NODES):
+    nxt = None
+    for n in list(region.values()):
+      for u in consumers.get(id(n), ()):
+        if u is not None and id(u) not in region and id(u) not in cut and _pointwise(u, r) and \
+           all(id(s) in region or cheap(s) for s in u.src):
+          nxt = u
+          break
+      if nxt is not None: break
+    if nxt is None: break
+    region[id(nxt)] = nxt
+    exits = [n for n in region.values() if any(u is None or id(u) not in region for u in consumers.get(id(n), ()))]
+    if len(exits) == 1 and exits[0] is nxt: end = nxt
+  return end
+
+
+def _pointwise(u: Node, r: Node) -> bool:
+  """u reads its sources at its own element (an ALU op or a cast of r's size, or a reshape: the matmul's
+  [n, 1, m] sum seen as [n, m])."""
+  if u.op in ops.ALU or u.op == "CAST": return u.numel == r.numel
+  return u.op == "VIEW" and u.numel == r.numel and u.arg.mask is None and u.arg.is_contiguous
 
 
 def _elementwise(k: Kernel) -> bool:
