@@ -29,6 +29,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from fusegrad.engine import track
 
 _local = threading.local()
 _generation = [0]
@@ -297,16 +298,29 @@ class _Capture:
         results.append(nb)
       else:
         results.append(None)
+    timed = track.wants_timing()
+    batch: list = []    # consecutive kernels of one device go to it in one call
+    def flush():
+      if batch: batch[0][0].launch_batch([b[1:] for b in batch])
+      batch.clear()
     for item in self.items:
       kind = item[0]
       if kind == "kernel":
         _, dev, program, kernel, src, bufs = item
-        launch(dev, program, kernel, src, [sub.get(id(b), b).handle for b in bufs])
-      elif kind == "host":
+        handles = [sub.get(id(b), b).handle for b in bufs]
+        if timed:
+          launch(dev, program, kernel, src, handles)
+          continue
+        if batch and batch[0][0] is not dev: flush()
+        batch.append((dev, program, kernel, handles))
+        continue
+      flush()
+      if kind == "host":
         item[1]()
       else:
         _, src, dst = item
         sub.get(id(dst), dst).copyin(sub.get(id(src), src).numpy())
+    flush()
     for s, i in zip(self.states, targets): s.tensor.node = _owned_node(s, i, s.tensor)
     fresh_tensors = []
     for (b, fresh, dtype, shape, device), nb in zip(self.outs, results):

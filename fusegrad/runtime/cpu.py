@@ -5,7 +5,6 @@ releases the GIL during the call, so the threads run in parallel).
 from __future__ import annotations
 import atexit
 import ctypes
-import itertools
 import functools
 import os
 import platform
@@ -13,7 +12,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from fusegrad import config
 from fusegrad.runtime import cache
@@ -71,9 +69,10 @@ class CPUDevice(Device):
   def __init__(self):
     super().__init__("CPU", CRenderer())
     self.threads = config.THREADS or os.cpu_count() or 1
-    self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fusegrad-cpu") if self.threads > 1 else None
+    self._run = None          # the native launcher, built on first use
     self.compiles = 0         # compiler invocations in this process (tests read it)
     self._lock = threading.Lock()
+    self._launcher_lock = threading.Lock()
     self._tmp = tempfile.mkdtemp(prefix="fusegrad-")
     atexit.register(shutil.rmtree, self._tmp, True)
 
@@ -86,6 +85,15 @@ class CPUDevice(Device):
   def copyout(self, dst: np.ndarray, handle) -> None: dst[:] = handle[:dst.nbytes]
 
   def compile(self, name: str, source: str):
+    lib = self.compile_library(name, source)
+    fn = getattr(lib, name)
+    fn.restype = None
+    fn._lib = lib  # keep the library loaded as long as the function lives
+    fn._entry = ctypes.cast(getattr(lib, name + "_entry"), ctypes.c_void_p).value
+    return fn
+
+  def compile_library(self, name: str, source: str):
+    """The shared library built from source (through the on-disk cache)."""
     cc, ver = find_compiler()
     flags = compiler_flags()
     key = cache.key_of(source, cc, ver, " ".join(flags), _host_id())
@@ -96,10 +104,7 @@ class CPUDevice(Device):
       cache.put(key, binary)
       lib = self._load(binary, key)
       if lib is None: raise CompileError(f"could not load the freshly compiled kernel {name}\n--- source ---\n{source}")
-    fn = getattr(lib, name)
-    fn.restype = None
-    fn._lib = lib  # keep the library loaded as long as the function lives
-    return fn
+    return lib
 
   def _load(self, binary: bytes, key: str):
     path = os.path.join(self._tmp, key + ".so")
@@ -125,29 +130,47 @@ class CPUDevice(Device):
       with open(out, "rb") as f: return f.read()
 
   def launch(self, program, kernel, handles: list) -> None:
-    ptrs = [ctypes.c_void_p(h.ctypes.data) for h in handles]
-    n = kernel.global_size
-    if self.pool is None or n < 2 or kernel.cost < PARALLEL_MIN_WORK:
-      program(*ptrs, ctypes.c_longlong(0), ctypes.c_longlong(n))
-      return
-    # the range is cut into a few chunks per thread that whoever is free claims: a worker that wakes late
-    # (a hand-off costs tens of microseconds) finds less or nothing left, and nobody waits for it
-    parts = min(self.threads * CHUNKS_PER_THREAD, n)
-    bounds = [ctypes.c_longlong(n * i // parts) for i in range(parts + 1)]
-    claim, lock, done, finished, errors = itertools.count(), threading.Lock(), [0], threading.Event(), []
-    def work():
-      while (i := next(claim)) < parts:
-        try:
-          program(*ptrs, bounds[i], bounds[i + 1])
-        except BaseException as e:   # noqa: BLE001 (re-raised on the launching thread)
-          errors.append(e)
-        with lock:
-          done[0] += 1
-          if done[0] == parts: finished.set()
-    for _ in range(min(self.threads, parts) - 1): self.pool.submit(work)
-    work()
-    finished.wait()
-    if errors: raise errors[0]
+    self.launch_batch([(program, kernel, handles)])
+
+  def launch_batch(self, launches: list) -> None:
+    """Run kernels in order with one call into the native launcher (runtime/cpu_pool.c): a kernel whose
+    estimated cost (Kernel.cost) is small runs on the calling thread, a larger one in a few chunks per thread
+    that whoever is free claims (a worker that wakes late finds less or nothing left)."""
+    count = len(launches)
+    run = self._launcher()
+    entries = (ctypes.c_void_p * count)()
+    bufs = (ctypes.POINTER(ctypes.c_void_p) * count)()
+    sizes = (ctypes.c_longlong * count)()
+    parts = (ctypes.c_int * count)()
+    keep = []
+    for i, (program, kernel, handles) in enumerate(launches):
+      arr = (ctypes.c_void_p * max(len(handles), 1))(*[h.ctypes.data for h in handles])
+      keep.append(arr)
+      entries[i] = program._entry
+      bufs[i] = ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
+      n = kernel.global_size
+      sizes[i] = n
+      parts[i] = 1 if self.threads < 2 or n < 2 or kernel.cost < PARALLEL_MIN_WORK else \
+          min(self.threads * CHUNKS_PER_THREAD, n)
+    run(count, entries, bufs, sizes, parts)
+
+  def _launcher(self):
+    """fg_run from runtime/cpu_pool.c, compiled (and cached) like a kernel on first use; its workers start then."""
+    if self._run is None:
+      with self._launcher_lock:
+        if self._run is None:
+          with open(os.path.join(os.path.dirname(__file__), "cpu_pool.c")) as f: src = f.read()
+          lib = self.compile_library("fg_pool", src)
+          lib.fg_pool_start.restype = ctypes.c_int
+          lib.fg_pool_start.argtypes = [ctypes.c_int]
+          lib.fg_pool_start(self.threads)
+          fn = lib.fg_run
+          fn.restype = None
+          fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.POINTER(ctypes.c_void_p)),
+                         ctypes.POINTER(ctypes.c_longlong), ctypes.POINTER(ctypes.c_int)]
+          fn._lib = lib
+          self._run = fn
+    return self._run
 
 
 def create() -> Device: return CPUDevice()

@@ -108,6 +108,9 @@ class Device:
   def copyout(self, dst: np.ndarray, handle) -> None: raise NotImplementedError
   def compile(self, name: str, source: str): raise NotImplementedError
   def launch(self, program, kernel, handles: list) -> None: raise NotImplementedError
+  def launch_batch(self, launches: list) -> None:
+    """Run [(program, kernel, handles), ...] in order (a replayed step); a device may do it in one call."""
+    for program, kernel, handles in launches: self.launch(program, kernel, handles)
   def synchronize(self) -> None: pass
 
   def kernel_program(self, kernel):

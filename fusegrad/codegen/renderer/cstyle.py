@@ -323,6 +323,9 @@ class CRenderer(CStyleRenderer):
              f"  for (long long gidx = start; gidx < end; gidx++) {{"]
     lines += self.body(listing, k, "    ")
     lines += ["  }", "}"]
+    # one signature for every kernel, for the native launcher (runtime/cpu_pool.c)
+    lines += [f"void {k.name}_entry(void** b, long long start, long long end) {{",
+              f"  {k.name}({''.join(f'b[{i}], ' for i in range(len(k.bufs)))}start, end);", "}"]
     return "\n".join(lines) + "\n"
 
 
