@@ -26,7 +26,6 @@ from a state dict).
 from __future__ import annotations
 import functools
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from fusegrad.engine import track
