@@ -1,6 +1,6 @@
 """The CPU device: C rendered by codegen/renderer/cstyle.py, compiled by the system's C compiler
-into a shared library, loaded with ctypes and run over all cores by a pool of threads (ctypes
-releases the GIL during the call, so the threads run in parallel).
+into a shared library, loaded with ctypes and run over all cores by the native launcher in
+runtime/cpu_pool.c (pthreads; ctypes releases the GIL during the call).
 """
 from __future__ import annotations
 import atexit
