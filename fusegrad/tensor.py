@@ -1001,13 +1001,12 @@ class Tensor:
     n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
     a0, b0 = a, b
     with autograd.no_grad():   # one MATMUL recipe for autograd: its gradients are matmuls again
-      if m < 16 <= n and k >= 16 and _transposed_view(a):
-        # a narrow product (a weight gradient against 10 classes) whose row operand is a transposed view: the
-        # kernel vectorizes along its output's last dim, so compute (b^T a^T)^T, whose columns are a's rows
-        out = _matmul_graph(b.mT, a.mT, batch, m, k, n, d, self.device).mT
-      else:
-        if n >= 16 and n * k * m >= 1 << 20 and _transposed_view(b): b = b.contiguous()
-        out = _matmul_graph(a, b, batch, n, k, m, d, self.device)
+      if n >= 16 and n * k * m >= 1 << 20 and _transposed_view(b): b = b.contiguous()
+      a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
+      b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
+      prod_ = (a * b) if not d.is_bool else (a & b)
+      out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False) if k else \
+          self._new(gn.const(0, d, batch + (n, m), self.device))
     out = a0._prim("MATMUL", None, out.node, a0, b0)
     if va: out = out.squeeze(-2)
     if vb: out = out.squeeze(-1)
@@ -1056,14 +1055,6 @@ def _take_rows(w: Tensor, idx: Tensor) -> Tensor:
   r = Tensor(_node=out.node)
   autograd.record(r, "TAKE_ROWS", idx, (w,))
   return r
-
-
-def _matmul_graph(a: Tensor, b: Tensor, batch: tuple, n: int, k: int, m: int, d: DType, device: str) -> Tensor:
-  """a [*, n, k] @ b [*, k, m] as a broadcast product summed over k (the lowering blocks it into registers)."""
-  if not k: return Tensor(_node=gn.const(0, d, batch + (n, m), device))
-  a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
-  b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
-  return ((a * b)._reduce("SUM", -2, False)) if not d.is_bool else (a & b)._reduce("MAX", -2, False)
 
 
 def _transposed_view(t: Tensor) -> bool:

@@ -207,3 +207,16 @@ def test_errors_name_the_problem():
   outer = fg.jit(lambda x: inner(x))
   with pytest.raises(RuntimeError, match="captured"):
     outer(fg.ones(2))
+
+
+def test_state_set_to_an_argument_is_refused(rng):
+  state = fg.tensor(rng.standard_normal(3).astype(np.float32))
+
+  @fg.jit
+  def keep(x):
+    state.copy_(x)     # the new value is the argument's own buffer: nothing the step computed
+    return x * 2
+
+  keep(fg.tensor(rng.standard_normal(3).astype(np.float32)))
+  with pytest.raises(NotImplementedError, match="did not compute"):
+    keep(fg.tensor(rng.standard_normal(3).astype(np.float32)))

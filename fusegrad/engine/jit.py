@@ -238,7 +238,6 @@ class _State:
 
 class _Capture:
   def __init__(self, rec: _Recorder, inputs: list, out, outs: list, states: list):
-    from fusegrad.tensor import Tensor
     self.items, self.guards, self.out = rec.items, rec.guards, out
     written = rec.written
     self.inputs = inputs
@@ -267,9 +266,9 @@ class _Capture:
       b = t.node.buffer
       fresh = id(b) in written and id(b) not in state_after
       self.outs.append((b, fresh, t.dtype, t.shape, t.device))
-    self._Tensor = Tensor
 
   def replay(self, tensors: list):
+    from fusegrad.tensor import Tensor
     from fusegrad.graph import node as gn
     from fusegrad.runtime import device as rd
     from fusegrad.engine.realize import launch
@@ -327,8 +326,8 @@ class _Capture:
         src = sub.get(id(b), b)
         nb = rd.Buffer(src.device, src.size, dtype)
         if src.size: nb.copyin(src.numpy())
-      fresh_tensors.append(self._Tensor(_node=gn.buffer_node(nb, dtype, shape, device)))
-    return _rebuild_out(self.out, fresh_tensors, self._Tensor)
+      fresh_tensors.append(Tensor(_node=gn.buffer_node(nb, dtype, shape, device)))
+    return _rebuild_out(self.out, fresh_tensors, Tensor)
 
 
 def _owned_node(s: _State, i: int, t):
