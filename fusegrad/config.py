@@ -11,7 +11,7 @@ def _int(name: str, default: int) -> int:
     raise ValueError(f"environment variable {name} must be an integer, got {v!r}") from None
 
 
-DEBUG = _int("FUSEGRAD_DEBUG", 0)                       # 1: each kernel launched; 2: plus its source
+DEBUG = _int("FUSEGRAD_DEBUG", 0)                       # 1: each kernel launched; 2: plus its source; 3: plus why each cut
 DEVICE = os.environ.get("FUSEGRAD_DEVICE", "CPU").upper()   # default device
 CACHE_DIR = os.environ.get("FUSEGRAD_CACHE_DIR") or os.path.join(
   os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fusegrad")

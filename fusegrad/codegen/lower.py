@@ -241,9 +241,12 @@ def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   extent = lambda vs: prod(v.hi + 1 for v in vs)
   if reduces and extent(gset) < min(MIN_PARALLEL, prod(shape)) and extent(gset) < extent(out_vars) and \
      prod(shape) >= SERIAL_OK:
-    # too little parallel work: give the reduction that depends on the fewest dims its own kernel
-    n, _ = min(reduces, key=lambda nr: extent(deps[id(nr[1])] & out_vars))
-    raise NeedsRealize(n, "fusing this reduction leaves too little parallel work")
+    # too little parallel work: give the reduction that depends on the fewest dims its own kernel (an output
+    # of this kernel already is one: its dims it does not depend on become loops, there is no better cut)
+    inner = [nr for nr in reduces if not any(nr[0] is o for o in outputs)]
+    if inner:
+      n, _ = min(inner, key=lambda nr: extent(deps[id(nr[1])] & out_vars))
+      raise NeedsRealize(n, "fusing this reduction leaves too little parallel work")
 
   # pass 2: rebuild with the parallel dims expressed through one flat index
   gvars = tuple(v for v in ovars if v in gset)

@@ -6,9 +6,11 @@ need, or one the lowering refuses (codegen/lower.py says why). Everything else â
 chains, views, reductions and what follows them â€” is inlined into the kernel that consumes it.
 """
 from __future__ import annotations
+import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from fusegrad import config
 from fusegrad.graph import ops
 from fusegrad.graph.node import Node
 from fusegrad.codegen.lower import lower, NeedsRealize
@@ -26,6 +28,7 @@ class ScheduleItem:
   outputs: list
   inputs: list
   kernel: Kernel | None = None
+  why: str = ""             # why these outputs are not fused into their consumers (FUSEGRAD_DEBUG=3 prints it)
 
 
 def _needs_kernel(n: Node) -> bool:
@@ -64,8 +67,14 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
   return tuple(entries) + (tuple(index[id(r)] for r in roots),), inputs, nodes
 
 
+# work counters, read by tests that bound how much scheduling a graph costs (never by the scheduler itself)
+stats = {"lower_calls": 0, "nodes_walked": 0}
+
+
 def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   key, inputs, nodes = _signature(roots, is_boundary)
+  stats["lower_calls"] += 1
+  stats["nodes_walked"] += len(nodes)
   hit = _lower_cache.get(key)
   if hit is None:
     try:
@@ -95,12 +104,15 @@ def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
   hit = _schedule_cache.get(key)
   if hit is not None:
     _schedule_cache.move_to_end(key)
-    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k) for kind, outs, ins, k in hit]
+    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why)
+            for kind, outs, ins, k, why in hit]
   items = _create_schedule(roots)
+  if config.DEBUG >= 3:
+    for it in items: print(f"schedule: {it.kind.lower()} {it.outputs[0].op} {list(it.outputs[0].shape)}: {it.why}")
   pos = {id(n): i for i, n in enumerate(nodes)}
   try:
     _schedule_cache[key] = [(it.kind, tuple(pos[id(o)] for o in it.outputs), tuple(pos[id(x)] for x in it.inputs),
-                             it.kernel) for it in items]
+                             it.kernel, it.why) for it in items]
   except KeyError:    # an item refers to a node outside the walked graph: do not cache this one
     return items
   if len(_schedule_cache) > SCHEDULE_CACHE_SIZE: _schedule_cache.popitem(last=False)
@@ -114,11 +126,14 @@ def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:
     for n in r.toposort():
       if id(n) not in seen:
         seen.add(id(n)); order.append(n)
-  cut = {id(r) for r in roots}
+  # why each cut node has a kernel of its own: the "why not fused" log
+  why: dict[int, str] = {id(r): "requested" for r in roots}
   for n in order:
     if n.realized: continue
-    if n.op in ("CONTIGUOUS", "COPY"): cut.add(id(n))
-    if n.op in ("COPY", "GATHER") and not n.src[0].realized: cut.add(id(n.src[0]))
+    if n.op in ("CONTIGUOUS", "COPY"): why.setdefault(id(n), f"{n.op.lower()} is a kernel boundary")
+    if n.op in ("COPY", "GATHER") and not n.src[0].realized:
+      why.setdefault(id(n.src[0]), f"a {n.op.lower()} reads it from memory")
+  cut = set(why)
 
   is_boundary = lambda n: id(n) in cut or n.realized
   consumers: dict[int, list] = {}
@@ -126,45 +141,83 @@ def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:
     if n.realized: continue
     for s in n.src: consumers.setdefault(id(s), []).append(n)
   for r in roots: consumers.setdefault(id(r), []).append(None)   # read by whoever asked for it
+  pos = {id(n): i for i, n in enumerate(order)}
+
+  # Cuts only ever get added, and each addition re-walks only the kernels whose fused region held the new cut,
+  # so deciding them costs about one walk of the graph per cut's neighbourhood (never a restart from scratch).
+  region: dict[int, list] = {}          # kernel root id -> the unrealized, uncut nodes it computes inline
+  member_of: dict[int, set] = {}        # node id -> kernel roots whose region holds it
   lowered: dict[int, tuple] = {}
-  while True:
-    changed = False
-    # a reduction that two kernels would both compute gets its own kernel
-    users: dict[int, set] = {}
-    for n in order:
-      if id(n) not in cut or n.op == "COPY": continue
-      stack, seen_k = [n], set()
-      while stack:
-        x = stack.pop()
-        for s in x.src:
-          if s.realized or id(s) in cut or id(s) in seen_k: continue
-          seen_k.add(id(s))
-          if s.op == "REDUCE": users.setdefault(id(s), set()).add(id(n))
-          stack.append(s)
-    for n in order:
-      if len(users.get(id(n), ())) > 1 and id(n) not in cut:
-        e = _epilogue_end(n, consumers, cut)
-        if id(e) not in cut: cut.add(id(e)); changed = True
-    if changed: lowered.clear(); continue
-    for n in order:
-      if id(n) not in cut or n.op == "COPY" or n.numel == 0 or id(n) in lowered: continue
-      try:
-        lowered[id(n)] = lower_cached([n], is_boundary)
-      except NeedsRealize as e:
-        cut.add(id(e.node))
-        changed = True
-        break
-    if not changed: break
-    lowered.clear()
+  todo: list = []                       # order positions of kernels to lower (a heap: graph order)
+  byid = {id(n): n for n in order}
+
+  def walk(k: Node) -> None:
+    for x in region.pop(id(k), ()):
+      if x in member_of: member_of[x].discard(id(k))   # (a node cut since has no entry)
+    lowered.pop(id(k), None)
+    heapq.heappush(todo, pos[id(k)])
+    if k.op == "COPY": return
+    inside, stack = [], [k]
+    seen_k: set = set()
+    while stack:
+      x = stack.pop()
+      for s in x.src:
+        if s.realized or id(s) in cut or id(s) in seen_k: continue
+        seen_k.add(id(s)); inside.append(id(s)); stack.append(s)
+    region[id(k)] = inside
+    for x in inside: member_of.setdefault(x, set()).add(id(k))
+
+  def add_cuts(xs: list) -> list:
+    """Cut at each of xs; the kernels that held one of them inline (and their own) are walked again, once
+    each, and returned."""
+    touched = {}
+    for x in xs:
+      for k in member_of.pop(id(x), ()): touched[k] = byid[k]
+      touched[id(x)] = x
+    for k in touched.values(): walk(k)
+    return list(touched.values())
+
+  def share_reductions(touched: list) -> None:
+    """A reduction that two kernels would both compute gets its own kernel (or one at the end of the elementwise
+    chain all its uses go through), until no reduction is shared."""
+    while touched:
+      shared = {x for k in touched for x in region.get(id(k), ())
+                if byid[x].op == "REDUCE" and len(member_of.get(x, ())) > 1}
+      new = []
+      for x in sorted(shared, key=pos.__getitem__):
+        if x in cut: continue
+        e = _epilogue_end(byid[x], consumers, cut)
+        if id(e) not in cut:
+          why[id(e)] = f"a reduction {len(member_of[x])} kernels read" + ("" if e is byid[x] else " (stored after its epilogue)")
+          cut.add(id(e)); new.append(e)
+      touched = add_cuts(new)
+
+  kernels = [n for n in order if id(n) in cut]
+  for n in kernels: walk(n)
+  share_reductions(kernels)
+  # lower the kernels in graph order; a refusal cuts the node it names and re-lowers only what that changed
+  while todo:
+    n = order[heapq.heappop(todo)]
+    if id(n) in lowered or n.op == "COPY" or n.numel == 0: continue
+    try:
+      lowered[id(n)] = lower_cached([n], is_boundary)
+    except NeedsRealize as e:
+      if is_boundary(e.node):   # a cut that is already there: lowering would refuse forever
+        raise RuntimeError(f"internal error: lowering refused {e.node.op} {e.node.shape} ({e.why}), "
+                           "which already has a kernel of its own") from None
+      cut.add(id(e.node))
+      why[id(e.node)] = e.why
+      share_reductions(add_cuts([e.node]))
+      heapq.heappush(todo, pos[id(n)])
 
   items = []
   for n in order:
     if id(n) not in cut: continue
-    if n.numel == 0: items.append(ScheduleItem("EMPTY", [n], []))
-    elif n.op == "COPY": items.append(ScheduleItem("COPY", [n], [n.src[0]]))
+    if n.numel == 0: items.append(ScheduleItem("EMPTY", [n], [], why=why[id(n)]))
+    elif n.op == "COPY": items.append(ScheduleItem("COPY", [n], [n.src[0]], why=why[id(n)]))
     else:
       k, inputs = lowered[id(n)]
-      items.append(ScheduleItem("KERNEL", [n], inputs, k))
+      items.append(ScheduleItem("KERNEL", [n], inputs, k, why[id(n)]))
   return _merge_elementwise(items, is_boundary)
 
 
@@ -248,7 +301,7 @@ def _merge_elementwise(items: list[ScheduleItem], is_boundary) -> list[ScheduleI
       k, inputs = lower_cached(outputs, lambda n: is_boundary(n) and id(n) not in members)
     except NeedsRealize:
       continue
-    merged[max(g)] = ScheduleItem("KERNEL", outputs, inputs, k)
+    merged[max(g)] = ScheduleItem("KERNEL", outputs, inputs, k, "; ".join(items[j].why for j in g))
     skip.update(g)
   out = []
   for i, it in enumerate(items):
