@@ -294,3 +294,20 @@ def test_linear_weight_gradient_is_computed_in_the_weights_layout(rng):
   with fg.track() as t: opt.step()
   shapes = [k.name for k in t.kernels]
   assert "r_32_48" in shapes and "r_48_32" not in shapes, shapes
+
+
+def test_reduction_of_a_matmul_stores_the_matmul(rng):
+  """(a @ b).sum(): fused, the matmul's reduction ran inside the sum's loop, serially and unblocked (22 s for
+  2048²); the matmul gets its own (parallel, register-blocked) kernel and the sum reads its output."""
+  a, b = randn(rng, 256, 128), randn(rng, 128, 192)
+  ta, tb = realized(a), realized(b)
+  out, t = run(lambda: (ta @ tb).sum())
+  assert len(t.kernels) >= 2
+  assert any(k.name.startswith("r_256_1_192") for k in t.kernels), [k.name for k in t.kernels]
+  np.testing.assert_allclose(out, (a.astype(np.float64) @ b).sum(), rtol=1e-4, atol=1e-2)
+  # a small nested reduction stays fused: sum over rows of a 4-element dot product
+  c, d = randn(rng, 16, 4), randn(rng, 4, 3)
+  tc, td = realized(c), realized(d)
+  out, t = run(lambda: (tc @ td).sum(0))
+  assert len(t.kernels) == 1
+  np.testing.assert_allclose(out, (c @ d).sum(0), rtol=1e-4, atol=1e-4)

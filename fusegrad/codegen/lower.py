@@ -29,6 +29,8 @@ OUT_LANES = (16,)   # candidates, the first dividing the columns wins (32 measur
 ROW_LANES = 4
 # ...but a kernel this small runs fused anyway: splitting it would cost more launches than it saves
 SERIAL_OK = 1 << 14
+# a reduction of at least this many elements, recomputed inside another reduction's loop, gets its own kernel
+NESTED_MIN = 8
 # a computed value broadcast by a view is recomputed for every element it is broadcast to; past
 # this many ALU ops it gets a buffer of its own instead (randn feeding a matmul, say)
 EXPAND_RECOMPUTE_OPS = 6
@@ -239,6 +241,15 @@ def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   gset = set(out_vars)
   for _, r in reduces: gset &= deps[id(r)]
   extent = lambda vs: prod(v.hi + 1 for v in vs)
+  # a reduction recomputed in every iteration of another's loop ((a @ b).sum()) runs serially and unblocked;
+  # stored by a kernel of its own it gets the parallel dims and register blocking a matmul needs
+  node_of = {id(r): n for n, r in reduces}
+  for _, r in reduces:
+    for x in toposort([r.src]):
+      if isinstance(x, Reduce) and x is not r and not any(node_of[id(x)] is o for o in outputs):
+        per = deps[id(x)] & set(r.loops)
+        if extent(x.loops) >= NESTED_MIN and extent(x.loops) * extent(per) >= SERIAL_OK:
+          raise NeedsRealize(node_of[id(x)], "a reduction recomputed in every iteration of another's loop")
   if reduces and extent(gset) < min(MIN_PARALLEL, prod(shape)) and extent(gset) < extent(out_vars) and \
      prod(shape) >= SERIAL_OK:
     # too little parallel work: give the reduction that depends on the fewest dims its own kernel (an output
