@@ -7,12 +7,20 @@ chains, views, reductions and what follows them — is inlined into the kernel t
 """
 from __future__ import annotations
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from fusegrad.graph import ops
 from fusegrad.graph.node import Node
 from fusegrad.codegen.lower import lower, NeedsRealize
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
+
+# Threads: realize reads nodes (realized or not, their sources) while it builds a schedule, and another
+# thread's realize sets nodes' buffers and drops their sources. `lock` makes the two exclusive: a schedule
+# is built from one consistent state of the graph (a node realized half-way would make its key, its lowering
+# and its input slots disagree), and it also guards the two caches below. Compiling and running kernels
+# happen outside it. Re-entrant: a buffer's __del__ may run anywhere.
+lock = threading.RLock()
 
 # lowering results by the structure of the fused subgraph (not its buffers): a training loop or
 # a benchmark that rebuilds the same graph each step lowers each kernel once
@@ -65,6 +73,10 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
 
 
 def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
+  with lock: return _lower_cached(roots, is_boundary)
+
+
+def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   key, inputs, nodes = _signature(roots, is_boundary)
   hit = _lower_cache.get(key)
   if hit is None:
@@ -89,6 +101,10 @@ _schedule_cache: "OrderedDict[tuple, list]" = OrderedDict()
 
 
 def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
+  with lock: return _cached_schedule(roots)
+
+
+def _cached_schedule(roots: list[Node]) -> list[ScheduleItem]:
   roots = [r for r in roots if _needs_kernel(r)]
   if not roots: return []
   key, _, nodes = _signature(roots, lambda n: False)
