@@ -18,4 +18,5 @@ CACHE_DIR = os.environ.get("FUSEGRAD_CACHE_DIR") or os.path.join(
 DISABLE_DISK_CACHE = _int("FUSEGRAD_NO_DISK_CACHE", 0)  # 1: compile everything afresh
 CC = os.environ.get("FUSEGRAD_CC", "")                  # C compiler for the CPU device (default: clang, gcc, cc)
 THREADS = _int("FUSEGRAD_THREADS", 0)                   # CPU worker threads (0: one per core)
+MAX_PROGRAMS = _int("FUSEGRAD_MAX_PROGRAMS", 2048)      # compiled programs kept in memory per device (LRU)
 FUZZ_EXAMPLES = _int("FUSEGRAD_FUZZ_EXAMPLES", 0)       # tests/fuzz: examples per device (0: the quick default)

@@ -90,6 +90,9 @@ class jit:
   def __init__(self, fn):
     self.fn = fn
     self._captures: "OrderedDict[tuple, object]" = OrderedDict()
+    # one call at a time: a replay writes the capture's internal buffers, and a warm-up or capture changes
+    # _captures (re-entrant only so that a nested call reaches the recorder check below and its error)
+    self._lock = threading.RLock()
     functools.update_wrapper(self, fn)
 
   def __get__(self, obj, objtype=None):   # decorating a method: bind like a function would
@@ -97,9 +100,12 @@ class jit:
 
   def reset(self) -> None:
     """Forget this function's captures."""
-    self._captures.clear()
+    with self._lock: self._captures.clear()
 
   def __call__(self, *args, **kwargs):
+    with self._lock: return self._call(*args, **kwargs)
+
+  def _call(self, *args, **kwargs):
     from fusegrad.tensor import Tensor
     from fusegrad import autograd
     if recorder() is not None:

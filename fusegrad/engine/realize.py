@@ -1,9 +1,15 @@
-"""Realize: schedule the graph behind some nodes, then compile and run each kernel in order."""
+"""Realize: schedule the graph behind some nodes, then compile and run each kernel in order.
+
+Several threads may realize at once, the same nodes too: scheduling and setting a node's result hold
+schedule.lock (so a schedule sees the graph in one state), compiling and launching do not. A node two
+threads compute at once is computed twice; the first result stored is kept (the values are equal).
+"""
 from __future__ import annotations
 import time
 from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.runtime import device as rd
+from fusegrad.schedule import schedule as sched
 from fusegrad.schedule.schedule import create_schedule
 from fusegrad.engine import track, jit
 
@@ -23,8 +29,7 @@ def realize(*nodes: Node) -> None:
       if out.numel: buf.copyin(src.numpy())
       track.record_copy()
       if (rec := jit.recorder()) is not None: rec.copy(src, buf)
-    out.buffer = buf
-    gn.forget(out)
+    _set_result(out, buf)
 
 
 def _run_kernel(item, dev) -> None:
@@ -38,9 +43,14 @@ def _run_kernel(item, dev) -> None:
     everything = bufs + [i.buffer for i in item.inputs]
     launch(dev, program, k, src, [b.handle for b in everything])
     if (rec := jit.recorder()) is not None: rec.kernel(dev, program, k, src, everything, len(bufs))
-  for o, b in zip(item.outputs, bufs):
-    o.buffer = b
-    gn.forget(o)
+  for o, b in zip(item.outputs, bufs): _set_result(o, b)
+
+
+def _set_result(n: Node, buf) -> None:
+  """n is computed into buf: it stands for n now (unless another thread stored n's value first)."""
+  with sched.lock:
+    if n.buffer is None: n.buffer = buf
+    gn.forget(n)
 
 
 def launch(dev, program, k, src: str, handles: list) -> None:

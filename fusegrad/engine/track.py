@@ -2,9 +2,11 @@
 
 `with fusegrad.track() as t:` records every kernel launched inside the block in `t.kernels`;
 FUSEGRAD_DEBUG=1 prints each launch, FUSEGRAD_DEBUG=2 adds its source.
+A tracker sees the kernels its own thread launches (another thread's realize is not part of its block).
 """
 from __future__ import annotations
 import contextlib
+import threading
 from dataclasses import dataclass, field
 from fusegrad import config
 
@@ -32,24 +34,31 @@ class Tracker:
   copies: int = 0
 
 
-_active: list[Tracker] = []
+_local = threading.local()
+
+
+def _active() -> list[Tracker]:
+  a = getattr(_local, "active", None)
+  if a is None: a = _local.active = []
+  return a
 
 
 @contextlib.contextmanager
 def track():
   t = Tracker()
-  _active.append(t)
+  active = _active()
+  active.append(t)
   try:
     yield t
   finally:
-    _active.remove(t)
+    active.remove(t)
 
 
-def wants_timing() -> bool: return bool(_active) or config.DEBUG >= 1
+def wants_timing() -> bool: return bool(getattr(_local, "active", None)) or config.DEBUG >= 1
 
 
 def record(rec: KernelRecord) -> None:
-  for t in _active: t.kernels.append(rec)
+  for t in _active(): t.kernels.append(rec)
   if config.DEBUG >= 1:
     print(f"fusegrad: {rec.device:7s} {rec.name:32s} gsize {str(rec.global_size):>12s} {rec.time_s*1e6:10.1f} us "
           f"{rec.gflops:8.2f} GFLOP/s {rec.gbps:8.2f} GB/s")
@@ -57,4 +66,4 @@ def record(rec: KernelRecord) -> None:
 
 
 def record_copy() -> None:
-  for t in _active: t.copies += 1
+  for t in _active(): t.copies += 1

@@ -165,7 +165,8 @@ def reduce(src: Node, op: str, axes: tuple) -> Node:
 # ---- movement: compose into one View where possible ------------------------------------------------------
 
 def _base_view(n: Node) -> tuple[Node, View]:
-  if n.op == "VIEW" and not n.realized: return n.src[0], n.arg   # a realized view is a buffer now
+  src = n.src   # read before `realized`: realize (maybe on another thread) sets the buffer, then drops src
+  if n.op == "VIEW" and src and not n.realized: return src[0], n.arg   # a realized view is a buffer now
   return n, View.contiguous(n.shape)
 
 

@@ -1,8 +1,14 @@
 """The CPU device: C rendered by codegen/renderer/cstyle.py, compiled by the system's C compiler
 into a shared library, loaded with ctypes and run over all cores by the native launcher in
 runtime/cpu_pool.c (pthreads; ctypes releases the GIL during the call).
+
+Each compiled kernel is a shared library of its own, held by a CPUProgram: the library is unloaded
+(dlclose) when the last program object referring to it goes, so the bounded program cache
+(Device.programs) bounds the libraries loaded, while a capture (fusegrad.jit) that still holds an
+evicted program keeps it loaded.
 """
 from __future__ import annotations
+import _ctypes
 import atexit
 import ctypes
 import functools
@@ -26,7 +32,52 @@ GCC_FLAGS = ["-ftree-vectorize", "-fvect-cost-model=dynamic"]
 # (measured on 2 cores: a memory-bound add gains from a second thread from about 2^19 elements)
 PARALLEL_MIN_WORK = 1 << 20
 CHUNKS_PER_THREAD = 4
+# a long kernel is cut into chunks of about this much work (tens of milliseconds): the launcher returns to
+# Python between chunks to let a KeyboardInterrupt in, and a cancelled kernel stops after the chunks running
+CHUNK_WORK = 1 << 25
+MAX_PARTS = 1 << 20
+# how long one native call runs before it returns to Python (which then checks for signals) and goes on
+SLICE_NS = 50_000_000
 ALIGN = 64
+
+
+class LoadError(RuntimeError):
+  """A compiled kernel library could not be loaded (dlopen failed): the message says why."""
+
+
+class _Job(ctypes.Structure):
+  """fg_job of runtime/cpu_pool.c: one launch's kernels and how far it got (each caller has its own)."""
+  _fields_ = [("count", ctypes.c_longlong), ("entries", ctypes.POINTER(ctypes.c_void_p)),
+              ("bufs", ctypes.POINTER(ctypes.POINTER(ctypes.c_void_p))), ("n", ctypes.POINTER(ctypes.c_longlong)),
+              ("parts", ctypes.POINTER(ctypes.c_longlong)), ("slice_ns", ctypes.c_longlong),
+              ("k", ctypes.c_longlong), ("chunk", ctypes.c_longlong), ("pooled", ctypes.c_longlong)]
+
+
+class _Library:
+  """A loaded shared library, unloaded (dlclose) when this object goes: nothing can run its code by then,
+  since every launch holds its programs (and so their libraries) until its kernels have finished."""
+  __slots__ = ("dll", "__weakref__")
+  loaded = 0    # libraries loaded now, in this process
+
+  def __init__(self, dll: ctypes.CDLL):
+    self.dll = dll
+    _Library.loaded += 1
+
+  def __del__(self):
+    try:
+      _Library.loaded -= 1
+      _ctypes.dlclose(self.dll._handle)
+    except Exception:   # interpreter shutdown
+      pass
+
+
+class CPUProgram:
+  """A compiled kernel: its entry point's address (what the launcher calls) and the library it lives in."""
+  __slots__ = ("name", "lib", "_entry")
+
+  def __init__(self, name: str, lib: _Library):
+    self.name, self.lib = name, lib
+    self._entry = ctypes.cast(getattr(lib.dll, name + "_entry"), ctypes.c_void_p).value
 
 
 @functools.lru_cache(None)
@@ -84,35 +135,35 @@ class CPUDevice(Device):
   def copyin(self, handle, src: np.ndarray) -> None: handle[:src.nbytes] = src
   def copyout(self, dst: np.ndarray, handle) -> None: dst[:] = handle[:dst.nbytes]
 
-  def compile(self, name: str, source: str):
-    lib = self.compile_library(name, source)
-    fn = getattr(lib, name)
-    fn.restype = None
-    fn._lib = lib  # keep the library loaded as long as the function lives
-    fn._entry = ctypes.cast(getattr(lib, name + "_entry"), ctypes.c_void_p).value
-    return fn
+  def compile(self, name: str, source: str) -> CPUProgram:
+    return CPUProgram(name, _Library(self.compile_library(name, source)))
 
-  def compile_library(self, name: str, source: str):
+  def compile_library(self, name: str, source: str) -> ctypes.CDLL:
     """The shared library built from source (through the on-disk cache)."""
     cc, ver = find_compiler()
     flags = compiler_flags()
     key = cache.key_of(source, cc, ver, " ".join(flags), _host_id())
     binary = cache.get(key)
-    lib = self._load(binary, key) if binary is not None else None   # a checksummed entry can still be foreign
-    if lib is None:
-      binary = self._build(cc, flags, source)
-      cache.put(key, binary)
-      lib = self._load(binary, key)
-      if lib is None: raise CompileError(f"could not load the freshly compiled kernel {name}\n--- source ---\n{source}")
-    return lib
-
-  def _load(self, binary: bytes, key: str):
-    path = os.path.join(self._tmp, key + ".so")
-    with open(path, "wb") as f: f.write(binary)
+    if binary is not None:
+      try:
+        return self._load(binary)
+      except OSError:   # a checksummed entry can still be foreign (or memory short): build it afresh
+        pass
+    binary = self._build(cc, flags, source)
+    cache.put(key, binary)
     try:
+      return self._load(binary)
+    except OSError as e:
+      # the compiler was content: what failed is loading (mappings or memory exhausted, a noexec temp dir)
+      raise LoadError(f"the CPU device could not load the compiled kernel {name}: {e} ({_Library.loaded} kernel "
+                      f"libraries loaded in this process; FUSEGRAD_MAX_PROGRAMS bounds how many are kept)") from None
+
+  def _load(self, binary: bytes) -> ctypes.CDLL:
+    # a name of its own: another thread may be loading the same binary
+    fd, path = tempfile.mkstemp(suffix=".so", dir=self._tmp)
+    try:
+      with os.fdopen(fd, "wb") as f: f.write(binary)
       return ctypes.CDLL(path)
-    except OSError:
-      return None
     finally:
       os.unlink(path)
 
@@ -133,15 +184,19 @@ class CPUDevice(Device):
     self.launch_batch([(program, kernel, handles)])
 
   def launch_batch(self, launches: list) -> None:
-    """Run kernels in order with one call into the native launcher (runtime/cpu_pool.c): a kernel whose
-    estimated cost (Kernel.cost) is small runs on the calling thread, a larger one in a few chunks per thread
-    that whoever is free claims (a worker that wakes late finds less or nothing left)."""
+    """Run kernels in order through the native launcher (runtime/cpu_pool.c): a kernel whose estimated cost
+    (Kernel.cost) is small runs on the calling thread, a larger one in chunks (a few per thread, more for a
+    long kernel) that whoever is free claims (a worker that wakes late finds less or nothing left).
+
+    The native call returns every SLICE_NS and is called again, so a KeyboardInterrupt reaches the main
+    thread within about that plus one chunk; the job is then cancelled, and this returns (raises) only
+    when no worker runs its kernels any more, since the buffers may be freed right after."""
     count = len(launches)
-    run = self._launcher()
+    run, cancel = self._launcher()
     entries = (ctypes.c_void_p * count)()
     bufs = (ctypes.POINTER(ctypes.c_void_p) * count)()
     sizes = (ctypes.c_longlong * count)()
-    parts = (ctypes.c_int * count)()
+    parts = (ctypes.c_longlong * count)()
     keep = []
     for i, (program, kernel, handles) in enumerate(launches):
       arr = (ctypes.c_void_p * max(len(handles), 1))(*[h.ctypes.data for h in handles])
@@ -150,12 +205,19 @@ class CPUDevice(Device):
       bufs[i] = ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
       n = kernel.global_size
       sizes[i] = n
-      parts[i] = 1 if self.threads < 2 or n < 2 or kernel.cost < PARALLEL_MIN_WORK else \
-          min(self.threads * CHUNKS_PER_THREAD, n)
-    run(count, entries, bufs, sizes, parts)
+      parts[i] = 1 if n < 2 or kernel.cost < PARALLEL_MIN_WORK else \
+          min(n, MAX_PARTS, max(self.threads * CHUNKS_PER_THREAD, kernel.cost // CHUNK_WORK))
+    job = _Job(count, entries, bufs, sizes, parts, SLICE_NS, 0, 0, 0)
+    ref = ctypes.byref(job)
+    try:
+      while run(ref): pass
+    except BaseException:
+      cancel(ref)   # first, before anything can free the buffers its chunks write
+      raise
 
   def _launcher(self):
-    """fg_run from runtime/cpu_pool.c, compiled (and cached) like a kernel on first use; its workers start then."""
+    """(fg_run, fg_cancel) from runtime/cpu_pool.c, compiled (and cached) like a kernel on first use; its workers
+    start then. The library stays loaded for the life of the process (its workers run its code)."""
     if self._run is None:
       with self._launcher_lock:
         if self._run is None:
@@ -164,12 +226,11 @@ class CPUDevice(Device):
           lib.fg_pool_start.restype = ctypes.c_int
           lib.fg_pool_start.argtypes = [ctypes.c_int]
           lib.fg_pool_start(self.threads)
-          fn = lib.fg_run
-          fn.restype = None
-          fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.POINTER(ctypes.c_void_p)),
-                         ctypes.POINTER(ctypes.c_longlong), ctypes.POINTER(ctypes.c_int)]
-          fn._lib = lib
-          self._run = fn
+          run, cancel = lib.fg_run, lib.fg_cancel
+          run.restype, run.argtypes = ctypes.c_int, [ctypes.POINTER(_Job)]
+          cancel.restype, cancel.argtypes = None, [ctypes.POINTER(_Job)]
+          self._pool_lib = lib
+          self._run = (run, cancel)
     return self._run
 
 

@@ -2,16 +2,27 @@
 
 The registry maps a device name to the module that implements it; the module is imported the
 first time the device is used, so nothing above the runtime imports a backend.
+
+Devices are shared by every thread: the registry, the program caches and the buffer pool are locked
+(briefly: compiling and launching run outside the locks), and each backend makes its launch safe to call
+from several threads (the CPU launcher gives each call its own job; OPENCL locks a kernel's arguments).
 """
 from __future__ import annotations
 import importlib
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 import numpy as np
 from fusegrad import dtype as dt
 
 BACKENDS = {"CPU": "fusegrad.runtime.cpu", "OPENCL": "fusegrad.runtime.opencl", "PYTHON": "fusegrad.runtime.python"}
 _devices: dict = {}
+_devices_lock = threading.Lock()
+
+
+def _max_programs() -> int:
+  from fusegrad import config
+  return config.MAX_PROGRAMS
 
 
 class CompileError(RuntimeError):
@@ -34,8 +45,11 @@ def get(name) -> "Device":
   name = canonical(name)
   d = _devices.get(name)
   if d is None:
-    mod = importlib.import_module(BACKENDS[name])
-    d = _devices[name] = mod.create()
+    with _devices_lock:   # one device per name: two threads' first uses must not make two
+      d = _devices.get(name)
+      if d is None:
+        mod = importlib.import_module(BACKENDS[name])
+        d = _devices[name] = mod.create()
   return d
 
 
@@ -57,8 +71,13 @@ class Buffer:
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def handle(self):
-    if self._handle is None: self._handle = self.device.reuse_or_alloc(self.nbytes)
-    return self._handle
+    h = self._handle
+    if h is None:   # allocated on first use; two threads' first uses must agree on one allocation
+      h = self.device.reuse_or_alloc(self.nbytes)
+      with self.device.pool_lock:
+        if self._handle is None: self._handle = h
+        else: self.device.release(h, self.nbytes); h = self._handle
+    return h
 
   def copyin(self, arr: np.ndarray) -> "Buffer":
     arr = np.ascontiguousarray(arr).reshape(-1)
@@ -78,8 +97,15 @@ class Device:
   name: str
   renderer: object = None
   supported: frozenset = frozenset(dt.ALL)
-  programs: dict = field(default_factory=dict)   # source -> compiled program (in-memory cache)
-  by_kernel: dict = field(default_factory=dict)  # id(Kernel) -> (Kernel, program, source)
+  # source -> compiled program, least recently used first; at most max_programs (a CPU program is a loaded
+  # shared library: ~5 mappings and ~33 KB each, and a process has ~65k mappings). An evicted program is freed
+  # (a library unloaded) when nothing else holds it any more: a capture of fusegrad.jit may still run it.
+  programs: OrderedDict = field(default_factory=OrderedDict)
+  max_programs: int = field(default_factory=lambda: _max_programs())
+  # id(Kernel) -> (Kernel, source, program or None): a rendered kernel's program is looked up in `programs`
+  # by its source, so only `programs` decides which compiled programs stay
+  by_kernel: OrderedDict = field(default_factory=OrderedDict)
+  cache_lock: object = field(default_factory=threading.Lock)   # programs and by_kernel
   # freed allocations kept for reuse, by size: fresh memory costs page faults (CPU) or driver calls
   free_lists: dict = field(default_factory=dict)
   free_bytes: int = 0
@@ -115,19 +141,43 @@ class Device:
 
   def kernel_program(self, kernel):
     """(program, source or listing text) for a Kernel object: linearized, rendered and compiled once.
-    Compiled programs are also shared by source, so equal kernels from different graphs compile once."""
-    hit = self.by_kernel.get(id(kernel))
-    if hit is None or hit[0] is not kernel:
+    Compiled programs are also shared by source, so equal kernels from different graphs compile once.
+    Safe from several threads: two that compile one source at once both succeed, and the first is kept."""
+    src = None
+    with self.cache_lock:
+      hit = self.by_kernel.get(id(kernel))
+      if hit is not None and hit[0] is kernel:
+        self.by_kernel.move_to_end(id(kernel))
+        src, program = hit[1], hit[2]
+        if program is None: program = self._cached_program(src)
+        if program is not None: return program, src
+    if src is None:
       from fusegrad.codegen.linearize import linearize, format_listing
       listing = linearize(kernel)
-      if self.renderer is None:   # an interpreter runs the listing itself
+      if self.renderer is None:   # an interpreter runs the listing itself (no resources to bound: kept here)
         program, src = self.compile_listing(kernel, listing), format_listing(listing)
-      else:
-        src = self.renderer.render(kernel, listing)
-        program = self.programs.get(src)
-        if program is None: program = self.programs[src] = self.compile(kernel.name, src)
-      hit = self.by_kernel[id(kernel)] = (kernel, program, src)
-      if len(self.by_kernel) > 4096: self.by_kernel.pop(next(iter(self.by_kernel)))
-    return hit[1], hit[2]
+        with self.cache_lock: self._remember(kernel, src, program)
+        return program, src
+      src = self.renderer.render(kernel, listing)
+      with self.cache_lock:
+        self._remember(kernel, src, None)
+        program = self._cached_program(src)
+      if program is not None: return program, src
+    program = self.compile(kernel.name, src)
+    with self.cache_lock:
+      program = self.programs.setdefault(src, program)
+      self.programs.move_to_end(src)
+      while len(self.programs) > max(self.max_programs, 1): self.programs.popitem(last=False)
+    return program, src
+
+  def _cached_program(self, src: str):
+    program = self.programs.get(src)
+    if program is not None: self.programs.move_to_end(src)
+    return program
+
+  def _remember(self, kernel, src: str, program) -> None:
+    self.by_kernel[id(kernel)] = (kernel, src, program)
+    self.by_kernel.move_to_end(id(kernel))
+    while len(self.by_kernel) > max(self.max_programs, 1) * 2: self.by_kernel.popitem(last=False)
 
   def compile_listing(self, kernel, listing): raise NotImplementedError

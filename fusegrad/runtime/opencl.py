@@ -1,9 +1,11 @@
 """The OPENCL device, through pyopencl: OpenCL C from codegen/renderer/cstyle.py, program binaries
 cached on disk like the CPU's shared libraries, launches queued asynchronously (a copy out waits).
+An evicted program (Device.programs is bounded) is released when the last reference to it goes.
 
 pyopencl is an optional dependency (`pip install fusegrad[opencl]`, which brings PoCL for CPUs).
 """
 from __future__ import annotations
+import threading
 import numpy as np
 from fusegrad import dtype as dt
 from fusegrad.runtime import cache
@@ -29,6 +31,9 @@ class OpenCLDevice(Device):
     if "cl_khr_fp64" not in self.cl_device.extensions: supported.discard(dt.float64)
     super().__init__("OPENCL", OpenCLRenderer(), frozenset(supported))
     self.compiles = 0
+    # a kernel object's arguments are set, then it is enqueued: two threads launching one program at once
+    # must not interleave (the in-order queue itself takes commands from any thread)
+    self._launch_lock = threading.Lock()
     self._id = f"{self.cl_device.platform.name}|{self.cl_device.name}|{self.cl_device.version}|{self.cl_device.driver_version}"
 
   def alloc(self, nbytes: int): return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(nbytes, 1))
@@ -46,7 +51,7 @@ class OpenCLDevice(Device):
         return getattr(prg, name)
       except (cl.Error, cl.RuntimeError, cl.LogicError):
         pass    # a stale or foreign binary: build from source
-    self.compiles += 1
+    with self._launch_lock: self.compiles += 1
     try:
       prg = cl.Program(self.ctx, source).build()
     except cl.Error as e:
@@ -58,7 +63,7 @@ class OpenCLDevice(Device):
     return getattr(prg, name)
 
   def launch(self, program, kernel, handles: list) -> None:
-    program(self.queue, (kernel.global_size,), kernel.local_size, *handles)
+    with self._launch_lock: program(self.queue, (kernel.global_size,), kernel.local_size, *handles)
 
 
 def create() -> Device: return OpenCLDevice()

@@ -8,6 +8,7 @@ chains, views, reductions and what follows them — is inlined into the kernel t
 from __future__ import annotations
 import heapq
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from fusegrad import config
@@ -15,6 +16,13 @@ from fusegrad.graph import ops
 from fusegrad.graph.node import Node
 from fusegrad.codegen.lower import lower, NeedsRealize
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
+
+# Threads: realize reads nodes (realized or not, their sources) while it builds a schedule, and another
+# thread's realize sets nodes' buffers and drops their sources. `lock` makes the two exclusive: a schedule
+# is built from one consistent state of the graph (a node realized half-way would make its key, its lowering
+# and its input slots disagree), and it also guards the two caches below. Compiling and running kernels
+# happen outside it. Re-entrant: a buffer's __del__ may run anywhere.
+lock = threading.RLock()
 
 # lowering results by the structure of the fused subgraph (not its buffers): a training loop or
 # a benchmark that rebuilds the same graph each step lowers each kernel once
@@ -72,6 +80,10 @@ stats = {"lower_calls": 0, "nodes_walked": 0}
 
 
 def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
+  with lock: return _lower_cached(roots, is_boundary)
+
+
+def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   key, inputs, nodes = _signature(roots, is_boundary)
   stats["lower_calls"] += 1
   stats["nodes_walked"] += len(nodes)
@@ -98,6 +110,10 @@ _schedule_cache: "OrderedDict[tuple, list]" = OrderedDict()
 
 
 def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
+  with lock: return _cached_schedule(roots)
+
+
+def _cached_schedule(roots: list[Node]) -> list[ScheduleItem]:
   roots = [r for r in roots if _needs_kernel(r)]
   if not roots: return []
   key, _, nodes = _signature(roots, lambda n: False)
