@@ -182,7 +182,9 @@ def _alu_count(n: Node, is_leaf, limit: int, cost: dict | None = None) -> int:
     x = stack.pop()
     if id(x) in seen or is_leaf(x) or x.op == "REDUCE": continue
     seen.add(id(x))
-    if x.op not in ("VIEW", "CONTIGUOUS"): count += cost.get(x.op, 1) if cost else 1
+    # widening a 16-bit float to float32 is free: its load already gives float32
+    widen = x.op == "CAST" and x.dtype == dt.float32 and x.src[0].dtype in (dt.float16, dt.bfloat16)
+    if x.op not in ("VIEW", "CONTIGUOUS") and not widen: count += cost.get(x.op, 1) if cost else 1
     stack.extend(x.src)
   return count
 
