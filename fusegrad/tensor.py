@@ -421,19 +421,34 @@ class Tensor:
 
   # ---- binary ----
   def add(self, other, alpha=None):
+    if alpha is not None and _result_type(self, other) in HALF_FLOATS: return self._half_alpha("add", other, alpha)
     if alpha is not None: other = other * alpha
     d = _result_type(self, other)
     return self._alu("OR" if d.is_bool else "ADD", other)
   def sub(self, other, alpha=None):
+    if alpha is not None and _result_type(self, other) in HALF_FLOATS: return self._half_alpha("sub", other, alpha)
     if alpha is not None: other = other * alpha
     _check_sub(self, other)
     return self._alu("SUB", other)
   def mul(self, other):
     d = _result_type(self, other)
+    if d in HALF_FLOATS and _is_scalar(other): return self._scalar_in_float32("MUL", other, d)
     return self._alu("AND" if d.is_bool else "MUL", other)
+  def _half_alpha(self, op: str, other, alpha) -> "Tensor":
+    """add/sub with alpha into float16/bfloat16: alpha in that dtype, self + alpha * other in float32, one
+    rounding (PyTorch's add kernel)."""
+    d = _result_type(self, other)
+    a = gn.cast_scalar(alpha, d)
+    x, y = self._cast(d)._cast(dt.float32), self._operand(other, d)._cast(dt.float32)
+    return getattr(x, op)(y._alu("MUL", a, dtype=dt.float32))._cast(d)
+  def _scalar_in_float32(self, op: str, other, d: DType) -> "Tensor":
+    """A 16-bit tensor times or over a Python scalar: PyTorch's kernel takes the scalar's float32 value (not
+    its value in the tensor's dtype, as add and sub do), computes in float32 and rounds once."""
+    return self._cast(dt.float32)._alu(op, other, dtype=dt.float32)._cast(d)
   def div(self, other, rounding_mode: str | None = None):
     if rounding_mode is None:
       d = self._float_dtype(other)
+      if d in HALF_FLOATS and _is_scalar(other): return self._scalar_in_float32("DIV", other, d)
       return self._alu("DIV", other, dtype=d)
     if rounding_mode == "trunc":
       d = _result_type(self, other)
@@ -444,6 +459,9 @@ class Tensor:
   true_divide = div
   def floor_divide(self, other):
     d = _result_type(self, other)
+    if d in HALF_FLOATS:   # in float32, rounded once; a Python scalar in float32 too (PyTorch's div_floor)
+      b = other if _is_scalar(other) else self._operand(other, d)._cast(dt.float32)
+      return self._cast(dt.float32).floor_divide(b)._cast(d)
     a, b = self._cast(d), self._operand(other, d)
     if d.is_float:
       # as PyTorch (c10 div_floor_floating) does it, through fmod: inf // 1.5 is nan and 1 // 0.1 is 9
@@ -461,6 +479,8 @@ class Tensor:
     return q - adjust._cast(d)
   def remainder(self, other):
     d = _result_type(self, other)
+    if d in HALF_FLOATS:   # a scalar in the tensor's dtype, the rest in float32, rounded once (PyTorch's)
+      return self._cast(dt.float32).remainder(self._operand(other, d)._cast(dt.float32))._cast(d)
     a, b = self._cast(d), self._operand(other, d)
     r = a._alu("MOD", b)
     adjust = (r != 0) & ((r < 0) != (b < 0))
@@ -544,9 +564,12 @@ class Tensor:
   def lerp(self, end, weight):
     d = self._float_dtype(end)
     s = self._cast(d)
+    if d in HALF_FLOATS:   # PyTorch's lerp kernel: float32 inside (a Python weight too), one rounding
+      w = weight if not isinstance(weight, Tensor) else weight._cast(dt.float32)
+      return s._cast(dt.float32).lerp(s._operand(end, d)._cast(dt.float32), w)._cast(d)
     return s + weight * (s._operand(end, d) - s)
-  def addcmul(self, t1, t2, value=1): return self + value * t1 * t2
-  def addcdiv(self, t1, t2, value=1): return self + value * t1 / t2
+  def addcmul(self, t1, t2, value=1): return _half_in_float32(lambda a, b, c: a + value * b * c, self, t1, t2)
+  def addcdiv(self, t1, t2, value=1): return _half_in_float32(lambda a, b, c: a + value * b / c, self, t1, t2)
 
   __add__ = add
   __sub__ = sub
@@ -564,8 +587,9 @@ class Tensor:
   def __rsub__(self, o):
     _check_sub(self, o)
     return _rev(o, self).sub(self)
-  def __rmul__(self, o): return _rev(o, self).mul(self)
+  def __rmul__(self, o): return self.mul(o) if _is_scalar(o) else _rev(o, self).mul(self)
   def __rtruediv__(self, o):   # the scalar joins in the float dtype: -3 / uint8 is not 253 / uint8
+    if self.dtype in HALF_FLOATS and _is_scalar(o): return self.reciprocal() * o   # PyTorch's __rdiv__, rounded twice
     return (o if isinstance(o, Tensor) else self._operand(o, self._float_dtype(o))).div(self)
   def __rfloordiv__(self, o): return _rev(o, self).floor_divide(self)
   def __rmod__(self, o): return _rev(o, self).remainder(self)
@@ -1058,6 +1082,14 @@ class Tensor:
 
 
 # ---- module-level helpers -------------------------------------------------------------------------------
+
+def _half_in_float32(fn, *ts) -> Tensor:
+  """fn over tensors whose result dtype is float16/bfloat16 computed in float32 and rounded once (PyTorch's
+  kernels of addcmul/addcdiv do so); other dtypes run fn as is."""
+  d = _result_type(*ts)
+  if d not in HALF_FLOATS: return fn(*ts)
+  return fn(*[t._cast(dt.float32) for t in ts])._cast(d)
+
 
 def _rev(o, like: Tensor) -> Tensor:
   """A reflected operand as a tensor of the promoted dtype (for 2 - x and friends)."""
