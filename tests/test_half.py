@@ -176,6 +176,23 @@ def test_composite_ops_round_once(device, rng, dtype):
                       name + " vs float32")
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_norms_round_once(device, rng, dtype):
+  """layer_norm / rms_norm / group_norm of 16-bit values: float32 inside, one rounding (rms_norm's default eps
+  is float32's, as torch's)."""
+  import fusegrad.nn.functional as F
+  fd, td = getattr(fg, dtype), getattr(torch, dtype)
+  x, w, b = (torch.tensor(rng.normal(0.5, 2, s).astype(np.float32)).to(td) for s in ((8, 64), (64,), (64,)))
+  fx, fw, fb = (fg.tensor(t.float().numpy(), device=device).to(fd) for t in (x, w, b))
+  TF = torch.nn.functional
+  for name, got, want in (("layer_norm", F.layer_norm(fx, (64,), fw, fb), TF.layer_norm(x, (64,), w, b)),
+                          ("rms_norm", F.rms_norm(fx, (64,), fw), TF.rms_norm(x, (64,), w)),
+                          ("group_norm", F.group_norm(fx.reshape(8, 8, 8), 4, fw[:8], fb[:8]),
+                           TF.group_norm(x.reshape(8, 8, 8), 4, w[:8], b[:8]))):
+    assert got.dtype == fd, name
+    assert_within_ulp(bits(got), bits(want), dtype, name)
+
+
 def test_rounding_only_where_needed():
   """float32 kernels get no rounding; a 16-bit kernel rounds each inexact op once, and not before its store."""
   from fusegrad.codegen.lower import lower
