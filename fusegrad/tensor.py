@@ -7,6 +7,7 @@ primitive table of graph/ops.py.
 """
 from __future__ import annotations
 import builtins
+import functools
 import math
 from collections import namedtuple
 from typing import Sequence
@@ -24,6 +25,20 @@ ReturnMinMax = namedtuple("return_types", ["values", "indices"])
 
 # a reduction over at least this many elements into few outputs runs as two kernels (split reduce)
 SPLIT_REDUCE_MIN = 1 << 15
+
+
+HALF_FLOATS = (dt.float16, dt.bfloat16)
+
+
+def _float32_inside(fn):
+  """A float16/bfloat16 input is computed in float32 and the result rounded once, as PyTorch's kernel for
+  this op does (its opmath type is float32); composed of several fusegrad ops it would round after each."""
+  @functools.wraps(fn)
+  def wrapper(self, *args, **kwargs):
+    if self.dtype not in HALF_FLOATS: return fn(self, *args, **kwargs)
+    out = fn(self._cast(dt.float32), *args, **kwargs)
+    return out._cast(self.dtype) if isinstance(out, Tensor) and out.dtype == dt.float32 else out
+  return wrapper
 
 
 # ---- argument checking --------------------------------------------------------------------------------
@@ -317,13 +332,19 @@ class Tensor:
       raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. Use logical_not() instead.")
     return self._alu("NEG")
   def exp(self): return self._unary_float("EXP")
+  @_float32_inside
   def exp2(self): return (self._cast(self._float_dtype()) * math.log(2)).exp()
+  @_float32_inside
   def expm1(self): return self.exp() - 1
   def log(self): return self._unary_float("LOG")
+  @_float32_inside
   def log2(self): return self.log() * (1 / math.log(2))
+  @_float32_inside
   def log10(self): return self.log() * (1 / math.log(10))
+  @_float32_inside
   def log1p(self): return (self._cast(self._float_dtype()) + 1).log()
   def sqrt(self): return self._unary_float("SQRT")
+  @_float32_inside
   def rsqrt(self): return self.sqrt().reciprocal()
   def sin(self): return self._unary_float("SIN")
   def cos(self): return self._unary_float("COS")
@@ -361,50 +382,73 @@ class Tensor:
     # its own rule reads the output (out > 0 exactly where x > 0): the input is then needed by nothing but the
     # relu, and a matmul's kernel can store relu(x @ w + b) itself (schedule.py's epilogues)
     return self._prim("RELU", None, out.node)
+  @_float32_inside
   def sigmoid(self):
     x = self._cast(self._float_dtype())
     with autograd.no_grad():   # its own gradient rule, out * (1 - out): stable for any x
       out = (1 + (-x).exp()).reciprocal()
     return x._prim("SIGMOID", None, out.node)
+  @_float32_inside
   def silu(self): return self * self.sigmoid()
+  @_float32_inside
   def gelu(self, approximate: str = "none"):
     x = self._cast(self._float_dtype())
     if approximate == "tanh":
       return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
     if approximate != "none": raise ValueError(f"approximate argument must be either none or tanh, got {approximate!r}")
     return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
+  @_float32_inside
   def elu(self, alpha: float = 1.0):
     x = self._cast(self._float_dtype())
     return where(x > 0, x, alpha * where(x > 0, 0.0, x).expm1())   # the unused branch sees a safe input
   def leaky_relu(self, negative_slope: float = 0.01):
     x = self._cast(self._float_dtype())
     return where(x > 0, x, x * negative_slope)
+  @_float32_inside
   def softplus(self, beta: float = 1.0, threshold: float = 20.0):
     x = self._cast(self._float_dtype())
     big = x * beta > threshold
     return where(big, x, (where(big, 0.0, x) * beta).exp().log1p() / beta)   # no inf in the unused branch
+  @_float32_inside
   def mish(self): return self * self.softplus().tanh()
   # PyTorch's hard activations pass gradient strictly inside their linear range
   def hardtanh(self, min_val=-1.0, max_val=1.0): return where(self <= min_val, min_val, where(self >= max_val, max_val, self))
   def relu6(self): return self.hardtanh(0.0, 6.0)
+  @_float32_inside
   def hardsigmoid(self): return where(self <= -3, 0.0, where(self >= 3, 1.0, self / 6 + 0.5))
+  @_float32_inside
   def hardswish(self): return where(self <= -3, 0.0, where(self >= 3, self, self * (self + 3) / 6))
 
   # ---- binary ----
   def add(self, other, alpha=None):
+    if alpha is not None and _result_type(self, other) in HALF_FLOATS: return self._half_alpha("add", other, alpha)
     if alpha is not None: other = other * alpha
     d = _result_type(self, other)
     return self._alu("OR" if d.is_bool else "ADD", other)
   def sub(self, other, alpha=None):
+    if alpha is not None and _result_type(self, other) in HALF_FLOATS: return self._half_alpha("sub", other, alpha)
     if alpha is not None: other = other * alpha
     _check_sub(self, other)
     return self._alu("SUB", other)
   def mul(self, other):
     d = _result_type(self, other)
+    if d in HALF_FLOATS and _is_scalar(other): return self._scalar_in_float32("MUL", other, d)
     return self._alu("AND" if d.is_bool else "MUL", other)
+  def _half_alpha(self, op: str, other, alpha) -> "Tensor":
+    """add/sub with alpha into float16/bfloat16: alpha in that dtype, self + alpha * other in float32, one
+    rounding (PyTorch's add kernel)."""
+    d = _result_type(self, other)
+    a = gn.cast_scalar(alpha, d)
+    x, y = self._cast(d)._cast(dt.float32), self._operand(other, d)._cast(dt.float32)
+    return getattr(x, op)(y._alu("MUL", a, dtype=dt.float32))._cast(d)
+  def _scalar_in_float32(self, op: str, other, d: DType) -> "Tensor":
+    """A 16-bit tensor times or over a Python scalar: PyTorch's kernel takes the scalar's float32 value (not
+    its value in the tensor's dtype, as add and sub do), computes in float32 and rounds once."""
+    return self._cast(dt.float32)._alu(op, other, dtype=dt.float32)._cast(d)
   def div(self, other, rounding_mode: str | None = None):
     if rounding_mode is None:
       d = self._float_dtype(other)
+      if d in HALF_FLOATS and _is_scalar(other): return self._scalar_in_float32("DIV", other, d)
       return self._alu("DIV", other, dtype=d)
     if rounding_mode == "trunc":
       d = _result_type(self, other)
@@ -415,6 +459,9 @@ class Tensor:
   true_divide = div
   def floor_divide(self, other):
     d = _result_type(self, other)
+    if d in HALF_FLOATS:   # in float32, rounded once; a Python scalar in float32 too (PyTorch's div_floor)
+      b = other if _is_scalar(other) else self._operand(other, d)._cast(dt.float32)
+      return self._cast(dt.float32).floor_divide(b)._cast(d)
     a, b = self._cast(d), self._operand(other, d)
     if d.is_float:
       # as PyTorch (c10 div_floor_floating) does it, through fmod: inf // 1.5 is nan and 1 // 0.1 is 9
@@ -432,6 +479,8 @@ class Tensor:
     return q - adjust._cast(d)
   def remainder(self, other):
     d = _result_type(self, other)
+    if d in HALF_FLOATS:   # a scalar in the tensor's dtype, the rest in float32, rounded once (PyTorch's)
+      return self._cast(dt.float32).remainder(self._operand(other, d)._cast(dt.float32))._cast(d)
     a, b = self._cast(d), self._operand(other, d)
     r = a._alu("MOD", b)
     adjust = (r != 0) & ((r < 0) != (b < 0))
@@ -515,9 +564,12 @@ class Tensor:
   def lerp(self, end, weight):
     d = self._float_dtype(end)
     s = self._cast(d)
+    if d in HALF_FLOATS:   # PyTorch's lerp kernel: float32 inside (a Python weight too), one rounding
+      w = weight if not isinstance(weight, Tensor) else weight._cast(dt.float32)
+      return s._cast(dt.float32).lerp(s._operand(end, d)._cast(dt.float32), w)._cast(d)
     return s + weight * (s._operand(end, d) - s)
-  def addcmul(self, t1, t2, value=1): return self + value * t1 * t2
-  def addcdiv(self, t1, t2, value=1): return self + value * t1 / t2
+  def addcmul(self, t1, t2, value=1): return _half_in_float32(lambda a, b, c: a + value * b * c, self, t1, t2)
+  def addcdiv(self, t1, t2, value=1): return _half_in_float32(lambda a, b, c: a + value * b / c, self, t1, t2)
 
   __add__ = add
   __sub__ = sub
@@ -535,8 +587,9 @@ class Tensor:
   def __rsub__(self, o):
     _check_sub(self, o)
     return _rev(o, self).sub(self)
-  def __rmul__(self, o): return _rev(o, self).mul(self)
+  def __rmul__(self, o): return self.mul(o) if _is_scalar(o) else _rev(o, self).mul(self)
   def __rtruediv__(self, o):   # the scalar joins in the float dtype: -3 / uint8 is not 253 / uint8
+    if self.dtype in HALF_FLOATS and _is_scalar(o): return self.reciprocal() * o   # PyTorch's __rdiv__, rounded twice
     return (o if isinstance(o, Tensor) else self._operand(o, self._float_dtype(o))).div(self)
   def __rfloordiv__(self, o): return _rev(o, self).floor_divide(self)
   def __rmod__(self, o): return _rev(o, self).remainder(self)
@@ -617,6 +670,8 @@ class Tensor:
     return x
 
   def _split_reduce(self, op: str, axes: tuple) -> "Tensor":
+    if op in ("SUM", "PROD") and self.dtype in HALF_FLOATS:   # float32 partial results: one rounding at the end
+      return self._cast(dt.float32)._split_reduce(op, axes)._cast(self.dtype)
     keep = [i for i in range(self.ndim) if i not in axes]
     red = prod(self.shape[a] for a in axes)
     x = self.permute(*keep, *axes).reshape(*[self.shape[i] for i in keep], red)
@@ -672,12 +727,15 @@ class Tensor:
   def mean(self, dim=None, keepdim: bool = False, dtype=None):
     dim = _all_if_empty(dim)
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self
+    if x.dtype in HALF_FLOATS:   # the sum and the division in float32, one rounding (PyTorch's mean)
+      return x._cast(dt.float32).mean(dim, keepdim)._cast(x.dtype)
     if not x.dtype.is_float:
       raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either a floating point or "
                          f"complex dtype. Got: {x.dtype.name}")
     axes = _norm_dims(dim, self.ndim)
     n = prod(self.shape[a] for a in axes)
     return x.sum(dim, keepdim) / n if n else x.sum(dim, keepdim) * float("nan")
+  @_float32_inside
   def var(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
     if correction is None: correction = 1 if unbiased is None or unbiased else 0
     axes = _norm_dims(_all_if_empty(dim), self.ndim)
@@ -685,6 +743,7 @@ class Tensor:
     x = self._cast(self._float_dtype())
     d = x - x.mean(axes, keepdim=True)
     return (d * d).sum(axes, keepdim) / builtins.max(n - correction, 0)
+  @_float32_inside
   def std(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
     v = self.var(dim, keepdim, correction=correction, unbiased=unbiased)
     zero = v == 0    # PyTorch gives a constant's std a zero gradient, not 0 * inf
@@ -712,6 +771,7 @@ class Tensor:
     return self._cast(dt.bool_)._reduce("MAX", dim, keepdim)._cast(dt.uint8 if self.dtype == dt.uint8 else dt.bool_)
   def all(self, dim=None, keepdim: bool = False):
     return self._cast(dt.bool_)._reduce("MIN", dim, keepdim)._cast(dt.uint8 if self.dtype == dt.uint8 else dt.bool_)
+  @_float32_inside
   def logsumexp(self, dim, keepdim: bool = False):
     x = self._cast(self._float_dtype())
     m = x._reduce("MAX", dim, True).detach()     # the shift's gradient cancels: leave it out of the graph
@@ -720,10 +780,12 @@ class Tensor:
     return out if keepdim else out.squeeze(_norm_dims(dim, self.ndim))
   def softmax(self, dim: int = -1, dtype=None):
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
+    if x.dtype in HALF_FLOATS: return x._cast(dt.float32).softmax(dim)._cast(x.dtype)   # one rounding, as PyTorch's
     e = (x - x._reduce("MAX", dim, True).detach()).exp()
     return e / e.sum(dim, keepdim=True)
   def log_softmax(self, dim: int = -1, dtype=None):
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
+    if x.dtype in HALF_FLOATS: return x._cast(dt.float32).log_softmax(dim)._cast(x.dtype)
     s = x - x._reduce("MAX", dim, True).detach()
     return s - s.exp().sum(dim, keepdim=True).log()
   def cumsum(self, dim: int, dtype=None):
@@ -1002,10 +1064,12 @@ class Tensor:
     a0, b0 = a, b
     with autograd.no_grad():   # one MATMUL recipe for autograd: its gradients are matmuls again
       if n >= 16 and n * k * m >= 1 << 20 and _transposed_view(b): b = b.contiguous()
+      # float16/bfloat16: products and sum in float32, the result rounded once (PyTorch's CPU matmul)
+      if d in HALF_FLOATS: a, b = a._cast(dt.float32), b._cast(dt.float32)
       a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
       b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
       prod_ = (a * b) if not d.is_bool else (a & b)
-      out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False) if k else \
+      out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False)._cast(d) if k else \
           self._new(gn.const(0, d, batch + (n, m), self.device))
     out = a0._prim("MATMUL", None, out.node, a0, b0)
     if va: out = out.squeeze(-2)
@@ -1018,6 +1082,14 @@ class Tensor:
 
 
 # ---- module-level helpers -------------------------------------------------------------------------------
+
+def _half_in_float32(fn, *ts) -> Tensor:
+  """fn over tensors whose result dtype is float16/bfloat16 computed in float32 and rounded once (PyTorch's
+  kernels of addcmul/addcdiv do so); other dtypes run fn as is."""
+  d = _result_type(*ts)
+  if d not in HALF_FLOATS: return fn(*ts)
+  return fn(*[t._cast(dt.float32) for t in ts])._cast(d)
+
 
 def _rev(o, like: Tensor) -> Tensor:
   """A reflected operand as a tensor of the promoted dtype (for 2 - x and friends)."""
@@ -1114,7 +1186,10 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
     if arr.dtype.kind in "iu" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.int64)
   if arr.dtype.kind not in "biuf": raise TypeError(f"unsupported numpy dtype {arr.dtype} for a tensor")
   if d is not None and d != dt.bfloat16:
-    with np.errstate(all="ignore"): arr = arr.astype(d.np)
+    with np.errstate(all="ignore"):
+      # to float16 through float32, as PyTorch converts (a double is not rounded to 16 bits directly)
+      if d == dt.float16 and arr.dtype != np.float16: arr = arr.astype(np.float32)
+      arr = arr.astype(d.np)
   elif d is None:
     dt.from_numpy(arr.dtype)   # raises a clear error for uint16 and friends
   return arr

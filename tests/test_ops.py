@@ -2,8 +2,8 @@
 
 Each test draws fresh random inputs (the `rng` fixture prints its seed), builds the same values as a
 fusegrad tensor and a torch tensor, runs the op on both and compares dtype, shape and values with a
-tolerance that fits the dtype. fusegrad computes float16/bfloat16 in float32 and rounds at stores, so
-the torch reference for those runs in float32 on the same (already rounded) inputs and is then cast.
+tolerance that fits the dtype. fusegrad computes float16/bfloat16 in float32 and rounds each op's result,
+so the torch reference for those runs in float32 on the same (already rounded) inputs and is then cast.
 Shapes repeat across tests so that compiled kernels are reused.
 """
 from __future__ import annotations

@@ -122,6 +122,24 @@ class Kernel:
     return n
 
 
+# 16-bit floats live in float32 registers; every computed value of such a dtype is rounded to it (see round16)
+HALF_FLOATS = frozenset({"float16", "bfloat16"})
+# ops whose result is exactly one of their operands (or a function of one that stays representable in the
+# operand's dtype): they need no rounding
+EXACT_OPS = frozenset({"MAX", "MIN", "NEG", "ABS", "WHERE", "FLOOR", "CEIL", "TRUNC", "RINT", "CAST"})
+
+
+def round16(v: Val) -> Val:
+  """v rounded to its 16-bit float dtype and widened back to float32: a CAST to the dtype it already has
+  (every renderer spells CAST to float16/bfloat16 as that round trip). Other dtypes pass unchanged."""
+  return Alu("CAST", v.dtype, (v,)) if v.dtype.name in HALF_FLOATS else v
+
+
+def is_round16(v: Val) -> bool:
+  """Is v a round16 (not a cast from another dtype)?"""
+  return isinstance(v, Alu) and v.op == "CAST" and v.src[0].dtype == v.dtype
+
+
 def children(v: Val) -> tuple:
   if isinstance(v, Alu): return v.src
   if isinstance(v, (Reduce, Gather)): return (v.src,)

@@ -16,7 +16,7 @@ from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod, contiguous_strides
 from fusegrad.codegen.ir import (Gather, Load, Const, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, toposort,
-                                 dependencies, substitute)
+                                 dependencies, substitute, round16, is_round16, EXACT_OPS)
 
 # a fused kernel must keep at least this many independent work items, unless the output is smaller
 MIN_PARALLEL = 64
@@ -98,7 +98,7 @@ class _Builder:
     if n.op == "CONST" and not n.realized:
       return Const(n.arg, n.dtype) if valid.is_true else \
         Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), Const(n.arg, n.dtype), Const(n.dtype.np(0).item(), n.dtype)))
-    if n.op == "IOTA" and not n.realized: return Index(flat, valid, n.dtype)
+    if n.op == "IOTA" and not n.realized: return round16(Index(flat, valid, n.dtype))   # 2049 is no float16
     return Load(self.buf(n), flat, valid, n.dtype)
 
   def _check_operand(self, src: Node, val, bcast: int) -> None:
@@ -164,13 +164,16 @@ class _Builder:
       else:
         r = Reduce(op, n.dtype, tuple(loops), body, lanes)
       self.reduce_instances.setdefault(id(n), []).append((n, r))
-      return r
+      # a 16-bit sum accumulates in float32 and rounds once, as PyTorch's does
+      return round16(r) if op in ("SUM", "PROD") else r
     if n.op == "GATHER":  # the data is a realized contiguous buffer (the scheduler made sure)
       data = n.src[0]
       return Gather(self.buf(data), data.numel, self.ev(n.src[1], idx, gate), n.dtype)
     if n.op == "CONTIGUOUS": return self.ev(n.src[0], idx, gate)
     if n.op == "CAST": return Alu(n.op, n.dtype, (self.ev(n.src[0], idx, gate),))
-    return Alu(n.op, n.dtype, tuple(self.ev(s, idx, gate) for s in n.src))
+    v = Alu(n.op, n.dtype, tuple(self.ev(s, idx, gate) for s in n.src))
+    # every op's result is the value of its dtype, whatever the kernel cut: 16-bit floats round after each op
+    return v if n.op in EXACT_OPS else round16(v)
 
 
 def _alu_count(n: Node, is_leaf, limit: int, cost: dict | None = None) -> int:
@@ -181,7 +184,9 @@ def _alu_count(n: Node, is_leaf, limit: int, cost: dict | None = None) -> int:
     x = stack.pop()
     if id(x) in seen or is_leaf(x) or x.op == "REDUCE": continue
     seen.add(id(x))
-    if x.op not in ("VIEW", "CONTIGUOUS"): count += cost.get(x.op, 1) if cost else 1
+    # widening a 16-bit float to float32 is free: its load already gives float32
+    widen = x.op == "CAST" and x.dtype == dt.float32 and x.src[0].dtype in (dt.float16, dt.bfloat16)
+    if x.op not in ("VIEW", "CONTIGUOUS") and not widen: count += cost.get(x.op, 1) if cost else 1
     stack.extend(x.src)
   return count
 
@@ -294,7 +299,8 @@ def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   b.out_lanes = tuple(lv for _, _, lv in blocked)
   vals = [b.ev(n, idx, sym.TRUE) for n in outputs]
   flat_out = ravel(idx, shape)
-  stores = tuple(Store(i, flat_out, v) for i, v in enumerate(vals))
+  # a store of a 16-bit float rounds by itself: the value's own round16 would be done twice
+  stores = tuple(Store(i, flat_out, v.src[0] if is_round16(v) else v) for i, v in enumerate(vals))
   bufs = tuple(BufferArg(n.dtype, n.numel, True) for n in outputs) + \
          tuple(BufferArg(n.dtype, n.numel, False) for n in b.inputs)
   kind = "r" if reduces else "E"

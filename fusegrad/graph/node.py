@@ -97,8 +97,14 @@ def _cast_scalar(v, d: dt.DType):
       v = int(v)
     return int(np.array(v).astype(np.int64).astype(d.np)) if d != dt.int64 else int(np.int64(v))
   v = float(v)
-  if d in (dt.float16, dt.float32): return float(np.array(v, dtype=np.float64).astype(d.np if d != dt.bfloat16 else np.float32))
-  return v
+  if d == dt.float64: return v
+  # through float32 first, as PyTorch converts a double to float16/bfloat16 (the rare double rounding included)
+  f = np.array(v, dtype=np.float64).astype(np.float32)
+  if d == dt.float16: return float(f.astype(np.float16))
+  if d == dt.bfloat16:
+    from fusegrad.runtime.python import bf16_round_trip
+    return float(bf16_round_trip(f))
+  return float(f)
 
 
 def const(value, dtype: dt.DType, shape=(), device="CPU") -> Node:
@@ -122,7 +128,8 @@ def alu(op: str, *src: Node) -> Node:
   else: d = src[0].dtype
   if all(is_const(s) for s in src):  # constant folding
     with np.errstate(all="ignore"):
-      vals = [np.array(s.arg, dtype=s.dtype.np if s.dtype != dt.bfloat16 else np.float32) for s in src]
+      # in the kernels' register types (16-bit floats compute in float32); const() rounds the result
+      vals = [np.array(s.arg, dtype=s.dtype.np if s.dtype not in (dt.float16, dt.bfloat16) else np.float32) for s in src]
       v = info.ref(*vals)
     return const(v.item(), d, src[0].shape, src[0].device)
   s0 = src[0]

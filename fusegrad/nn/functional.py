@@ -12,7 +12,7 @@ import math
 import numpy as np
 import fusegrad as fg
 from fusegrad import dtype as dt
-from fusegrad.tensor import Tensor, _take_rows, _unfold, where
+from fusegrad.tensor import Tensor, _take_rows, _unfold, where, HALF_FLOATS, _result_type
 
 # ---- activations (the Tensor methods, as functions) ----------------------------------------------------------
 
@@ -335,8 +335,18 @@ def _check_normalized_shape(input: Tensor, normalized_shape, name: str) -> tuple
   return ns
 
 
+def _norm_in_float32(fn, input: Tensor, *params):
+  """A normalization of float16/bfloat16 values in float32, rounded once at the end, as PyTorch's kernels
+  compute it (the result keeps the dtype the 16-bit computation would have)."""
+  d = _result_type(input, *[p for p in params if p is not None])
+  if d not in HALF_FLOATS: return None
+  return fn(input._cast(dt.float32), *[p._cast(dt.float32) if p is not None else None for p in params])._cast(d)
+
+
 def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
   ns = _check_normalized_shape(input, normalized_shape, "layer_norm")
+  y = _norm_in_float32(lambda x, w, b: layer_norm(x, normalized_shape, w, b, eps), input, weight, bias)
+  if y is not None: return y
   axes = tuple(range(-len(ns), 0))
   mean = input.mean(axes, keepdim=True)
   xc = input - mean
@@ -348,8 +358,10 @@ def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: flo
 
 def rms_norm(input: Tensor, normalized_shape, weight=None, eps: float | None = None) -> Tensor:
   ns = _check_normalized_shape(input, normalized_shape, "rms_norm")
-  if eps is None: eps = {dt.float64: 2.220446049250313e-16, dt.float16: 0.0009765625, dt.bfloat16: 0.0078125}.get(
-      input.dtype, 1.1920928955078125e-07)   # torch.finfo(input.dtype).eps
+  # torch.finfo(...).eps of the compute dtype: float32's for float16/bfloat16 inputs (measured with torch 2.13)
+  if eps is None: eps = 2.220446049250313e-16 if input.dtype == dt.float64 else 1.1920928955078125e-07
+  y = _norm_in_float32(lambda x, w: rms_norm(x, normalized_shape, w, eps), input, weight)
+  if y is not None: return y
   axes = tuple(range(-len(ns), 0))
   y = input * (input.square().mean(axes, keepdim=True) + eps).rsqrt()
   return y * weight if weight is not None else y
@@ -361,6 +373,8 @@ def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: floa
   if num_groups <= 0 or C % num_groups:
     raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got input of shape "
                        f"{list(input.shape)} and num_groups={num_groups}")
+  y = _norm_in_float32(lambda x, w, b: group_norm(x, num_groups, w, b, eps), input, weight, bias)
+  if y is not None: return y
   x = input.reshape(N, num_groups, -1)
   mean = x.mean(-1, keepdim=True)
   xc = x - mean

@@ -28,12 +28,18 @@ def _bf16_round(x):
 def _bf16_to_f32(h): return (np.asarray(h, dtype=np.uint32) << 16).view(np.float32)
 
 
+def bf16_round_trip(x):
+  """float32 values rounded to bfloat16 (nearest, ties to even; NaN stays NaN) and widened back."""
+  return _bf16_to_f32(_bf16_round(x))
+
+
 def _cast(x, d: dt.DType):
   x = np.asarray(x)
   with np.errstate(all="ignore"):
     if d.is_bool: return x != 0
-    if d == dt.float16: return x.astype(np.float16).astype(np.float32)
-    if d == dt.bfloat16: return _bf16_to_f32(_bf16_round(x.astype(np.float32)))
+    # through float32, as the C/OpenCL casts (and PyTorch) go: a double is not rounded to 16 bits directly
+    if d == dt.float16: return x.astype(np.float32).astype(np.float16).astype(np.float32)
+    if d == dt.bfloat16: return bf16_round_trip(x.astype(np.float32))
     if d.is_int and x.dtype.kind == "f":  # C leaves NaN/inf casts undefined; pick 0 deterministically
       x = np.where(np.isfinite(x), x, 0)
       if d.itemsize < 8 or d.is_unsigned:  # go through int64 so out-of-range values wrap like C would

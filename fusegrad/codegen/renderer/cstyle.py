@@ -3,7 +3,8 @@
 Both walk the same linearized listing; they differ only in the tables and hooks below (type
 names, how a kernel is declared, how a work item finds its index, how 16-bit floats are loaded
 and stored). 16-bit floats are storage types: values live in float registers and are rounded
-when stored or cast, which is also what PyTorch's fused kernels do.
+when stored or cast; lowering casts every computed 16-bit value to its own dtype (ir.round16), so
+each op's result is rounded as PyTorch's is.
 """
 from __future__ import annotations
 import math
