@@ -47,6 +47,13 @@ class Optimizer(abc.ABC):
     self.param_groups: list[dict] = []
     self.state: dict[int, dict] = {}     # id(param) -> {name: Tensor or number}; keys starting with _ are internal
     for g in groups: self.add_param_group(g)
+    _jit.watch(self)   # a captured step may change hyperparameters only through a scheduler (see _jit_state)
+
+  def _jit_state(self) -> dict:
+    """The hyperparameters a captured step (fusegrad.jit) reads on the host at every replay: the step's own Python
+    must not change them (a replay would not), a scheduler stepped inside it may (replays step it again)."""
+    return {f"param_groups[{i}][{k!r}]": v for i, g in enumerate(self.param_groups) for k, v in g.items()
+            if k != "params"}
 
   def add_param_group(self, group: dict) -> None:
     if not isinstance(group, dict): raise TypeError(f"param_group must be a dict, but got {type(group)}")
