@@ -31,6 +31,23 @@ CASES = {
   "adagrad_lr_decay_wd": dict(cls="Adagrad", kw=dict(lr=0.1, lr_decay=0.05, weight_decay=0.1)),
   "adagrad_initial_acc_eps": dict(cls="Adagrad", kw=dict(lr=0.05, initial_accumulator_value=0.5, eps=1e-3)),
   "adagrad_maximize": dict(cls="Adagrad", kw=dict(lr=0.01, maximize=True)),
+  "adadelta": dict(cls="Adadelta", kw=dict()),
+  "adadelta_rho_wd_maximize": dict(cls="Adadelta", kw=dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1, maximize=True)),
+  "adamax": dict(cls="Adamax", kw=dict(lr=0.01)),
+  "adamax_betas_wd_maximize": dict(cls="Adamax", kw=dict(lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05,
+                                                         maximize=True)),
+  "nadam": dict(cls="NAdam", kw=dict(lr=0.01)),
+  "nadam_wd_momentum_decay": dict(cls="NAdam", kw=dict(lr=0.02, betas=(0.8, 0.99), weight_decay=0.05,
+                                                       momentum_decay=0.01)),
+  "nadam_decoupled_maximize": dict(cls="NAdam", kw=dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True,
+                                                        maximize=True)),
+  "radam": dict(cls="RAdam", kw=dict(lr=0.01)),
+  "radam_wd_betas": dict(cls="RAdam", kw=dict(lr=0.02, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.05)),
+  "radam_decoupled_maximize": dict(cls="RAdam", kw=dict(lr=0.01, betas=(0.9, 0.9), weight_decay=0.1,
+                                                        decoupled_weight_decay=True, maximize=True)),
+  "asgd": dict(cls="ASGD", kw=dict(lr=0.05)),
+  "asgd_averaging_wd_maximize": dict(cls="ASGD", kw=dict(lr=0.02, lambd=0.01, alpha=0.5, t0=3, weight_decay=0.1,
+                                                          maximize=True)),
 }
 
 
@@ -213,7 +230,8 @@ def test_step_of_one_parameter_is_one_kernel(rng, cls, kw):
 # ---- state_dict / load_state_dict --------------------------------------------------------------------------------
 
 RESUME = ["sgd_momentum_dampening", "sgd_nesterov_wd", "adam_amsgrad", "adamw", "rmsprop_centered_momentum_wd",
-          "rmsprop", "adagrad_lr_decay_wd", "adagrad_initial_acc_eps"]
+          "rmsprop", "adagrad_lr_decay_wd", "adagrad_initial_acc_eps", "adadelta_rho_wd_maximize",
+          "adamax_betas_wd_maximize", "nadam_wd_momentum_decay", "radam_decoupled_maximize", "asgd_averaging_wd_maximize"]
 
 
 def _train(opt, params, X, Y, steps: int, lib=fg):
@@ -263,7 +281,8 @@ def test_resume_from_state_dict_matches_torch(rng, case):
 
 
 @pytest.mark.parametrize("case", ["adam_amsgrad", "rmsprop_centered_momentum_wd", "adagrad_lr_decay_wd",
-                                  "sgd_momentum_dampening"])
+                                  "sgd_momentum_dampening", "adadelta", "adamax", "nadam_decoupled_maximize",
+                                  "radam_wd_betas", "asgd_averaging_wd_maximize"])
 def test_load_torch_state_dict(rng, case):
   W, b, X, Y = _problem(rng)
   tparams = [torch.tensor(W, requires_grad=True), torch.tensor(b, requires_grad=True)]
