@@ -124,7 +124,7 @@ class LBFGS(Optimizer):
     raise NotImplementedError
 
   def _dtype(self):
-    return self._params[0].dtype.np
+    return np.dtype(self._params[0].dtype.np)
 
   def _gather_flat_grad(self) -> np.ndarray:
     views = [np.zeros(p.numel(), self._dtype()) if p.grad is None else p.grad.numpy().reshape(-1).astype(self._dtype())
