@@ -206,6 +206,7 @@ class Tensor:
     if not n.realized:
       from fusegrad.engine.realize import realize
       realize(n)
+    _jit.check_read(self)
     return n.buffer.numpy().reshape(self.shape)
 
   def __array__(self, dtype=None, copy=None):
@@ -1464,7 +1465,9 @@ class _RNG:
 
 
 def manual_seed(seed: int) -> None:
-  _RNG.seed, _RNG.counter = int(seed) & 0xFFFFFFFFFFFFFFFF, 0
+  seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+  def set_seed(): _RNG.seed, _RNG.counter = seed, 0
+  _jit.host(set_seed)   # inside a captured step (fusegrad.jit), every replay seeds again
 
 
 def seed() -> int:

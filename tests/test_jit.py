@@ -8,6 +8,7 @@ import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as F
 from test_optim import CASES
+from conftest import DEVICES
 
 
 def _mlp(seed: int, device: str = "CPU", dropout: float = 0.0, bn: bool = False):
@@ -220,3 +221,211 @@ def test_state_set_to_an_argument_is_refused(rng):
   keep(fg.tensor(rng.standard_normal(3).astype(np.float32)))
   with pytest.raises(NotImplementedError, match="did not compute"):
     keep(fg.tensor(rng.standard_normal(3).astype(np.float32)))
+
+
+# ---- Python state a step changes: schedulers stepped inside, train/eval, seeds; what cannot be followed is refused
+
+def _sched_cases(lib):
+  S = lib.optim.lr_scheduler
+  lam = lambda e: 0.9 ** e   # noqa: E731
+  return {
+    "StepLR": lambda o: S.StepLR(o, step_size=1, gamma=0.7),
+    "MultiStepLR": lambda o: S.MultiStepLR(o, milestones=[2, 3, 5], gamma=0.5),
+    "ExponentialLR": lambda o: S.ExponentialLR(o, gamma=0.8),
+    "CosineAnnealingLR": lambda o: S.CosineAnnealingLR(o, T_max=3, eta_min=0.01),
+    "OneCycleLR": lambda o: S.OneCycleLR(o, max_lr=0.2, total_steps=9),
+    "LinearLR": lambda o: S.LinearLR(o, start_factor=0.2, total_iters=4),
+    "ConstantLR": lambda o: S.ConstantLR(o, factor=0.5, total_iters=3),
+    "PolynomialLR": lambda o: S.PolynomialLR(o, total_iters=6, power=2.0),
+    "LambdaLR": lambda o: S.LambdaLR(o, lr_lambda=lam),
+    "MultiplicativeLR": lambda o: S.MultiplicativeLR(o, lr_lambda=lambda e: 0.85),
+    "SequentialLR": lambda o: S.SequentialLR(o, [S.LinearLR(o, start_factor=0.5, total_iters=2),
+                                                 S.ExponentialLR(o, gamma=0.7)], milestones=[3]),
+    "ChainedScheduler": lambda o: S.ChainedScheduler([S.ConstantLR(o, factor=0.5, total_iters=2),
+                                                      S.ExponentialLR(o, gamma=0.9)]),
+    "ReduceLROnPlateau": lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=0, threshold=0.5),
+  }
+
+
+_SCHED_RUNS = [(d, n) for d in ("CPU", "PYTHON") for n in sorted(_sched_cases(fg))] + \
+  [("OPENCL", n) for n in ("StepLR", "OneCycleLR", "SequentialLR", "ReduceLROnPlateau") if "OPENCL" in DEVICES]
+
+
+@pytest.mark.parametrize("device,name", _SCHED_RUNS)
+def test_scheduler_stepped_inside_the_jitted_step_follows_torch(device, rng, name):
+  W, b = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+  w, bb = fg.tensor(W, device=device, requires_grad=True), fg.tensor(b, device=device, requires_grad=True)
+  tw, tb = torch.tensor(W, requires_grad=True), torch.tensor(b, requires_grad=True)
+  opt = fg.optim.SGD([w, bb], lr=0.1, momentum=0.9)
+  topt = torch.optim.SGD([tw, tb], lr=0.1, momentum=0.9)
+  sched, tsched = _sched_cases(fg)[name](opt), _sched_cases(torch)[name](topt)
+  plateau = name == "ReduceLROnPlateau"
+
+  @fg.jit
+  def step(x, y):
+    opt.zero_grad()
+    loss = ((x @ w + bb - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    if plateau: sched.step(loss)
+    else: sched.step()
+    return loss
+
+  lrs = []
+  for i in range(9):
+    X, Y = rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal((16, 4)).astype(np.float32)
+    if plateau and i % 3: Y = Y * 4   # losses that go up and down: the plateau decisions differ from step to step
+    loss = step(fg.tensor(X, device=device), fg.tensor(Y, device=device))
+    topt.zero_grad()
+    tloss = ((torch.tensor(X) @ tw + tb - torch.tensor(Y)) ** 2).mean()
+    tloss.backward()
+    topt.step()
+    tsched.step(tloss.item()) if plateau else tsched.step()
+    np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5, err_msg=f"step {i}")
+    np.testing.assert_allclose(sched.get_last_lr(), tsched.get_last_lr(), rtol=1e-6, err_msg=f"step {i}")
+    lrs.append(tuple(sched.get_last_lr()))
+    if hasattr(tsched, "last_epoch"): assert sched.last_epoch == tsched.last_epoch
+  assert len(set(lrs)) > 1   # the schedule did move while replaying
+  assert len(step._captures) == 1   # one capture, replayed from the third step on
+  np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=2e-6)
+  np.testing.assert_allclose(bb.numpy(), tb.detach().numpy(), rtol=1e-5, atol=2e-6)
+
+
+def test_one_cycle_momentum_and_adam_betas_inside_the_step_follow_eager(rng):
+  data = _batches(rng, 10)
+  models = [_mlp(8), _mlp(8)]
+  opts = [fg.optim.Adam(m.parameters(), lr=0.01) for m in models]
+  scheds = [fg.optim.lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=10) for o in opts]
+  def make(model, opt, sched):
+    def step(x, y):
+      loss = F.cross_entropy(model(x), y)
+      opt.zero_grad()
+      loss.backward()
+      opt.step()
+      sched.step()
+      return loss
+    return step
+  steps = [make(models[0], opts[0], scheds[0]), fg.jit(make(models[1], opts[1], scheds[1]))]
+  for i, (x, y) in enumerate(data):
+    assert steps[0](x, y).item() == steps[1](x, y).item(), f"step {i}"
+    assert opts[0].param_groups[0]["betas"] == opts[1].param_groups[0]["betas"]
+  for a, b in zip(models[0].parameters(), models[1].parameters()): np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_train_eval_and_seed_inside_the_step_are_repeated_and_mode_is_guarded(rng):
+  data = _batches(rng, 8, rows=16)
+  models = [_mlp(9, dropout=0.5, bn=True), _mlp(9, dropout=0.5, bn=True)]
+  opts = [fg.optim.SGD(m.parameters(), lr=0.05) for m in models]
+  def make(model, opt):
+    def step(x, y):
+      fg.manual_seed(7)   # the same dropout masks every step: replays seed again
+      model.train()
+      loss = F.cross_entropy(model(x), y)
+      opt.zero_grad()
+      loss.backward()
+      opt.step()
+      model.eval()        # the step leaves the model in eval mode: so must a replay
+      return loss, model(x).sum()
+    return step
+  steps = [make(models[0], opts[0]), fg.jit(make(models[1], opts[1]))]
+  for i, (x, y) in enumerate(data):
+    for m in models: m.train(i % 2 == 0)   # the mode before the step does not matter: the step sets it
+    outs = [s(x, y) for s in steps]
+    assert outs[0][0].item() == outs[1][0].item() and outs[0][1].item() == outs[1][1].item(), f"step {i}"
+    assert not models[1].training and not models[1][3].training
+  assert len(steps[1]._captures) == 1
+
+  # a step that does not set the mode: replayed only in the mode it was captured in; another mode warms up again
+  ms = [_mlp(10, dropout=0.5), _mlp(10, dropout=0.5)]
+  os_ = [fg.optim.SGD(m.parameters(), lr=0.05) for m in ms]
+  steps = [_train_step(ms[0], os_[0]), fg.jit(_train_step(ms[1], os_[1]))]
+  for i, (x, y) in enumerate(data):
+    for m in ms: m.train(i < 3 or i > 5)
+    fg.manual_seed(i)
+    a = steps[0](x, y).item()
+    fg.manual_seed(i)
+    assert a == steps[1](x, y).item(), f"step {i}"
+  for a, b in zip(ms[0].parameters(), ms[1].parameters()): np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_what_a_replay_cannot_follow_is_refused_at_capture(rng):
+  w = fg.tensor(rng.standard_normal((8, 4)).astype(np.float32), requires_grad=True)
+  opt = fg.optim.SGD([w], lr=0.1)
+  x, y = fg.tensor(rng.standard_normal((16, 8)).astype(np.float32)), fg.tensor(rng.standard_normal((16, 4)).astype(np.float32))
+  def loss_of(x, y): return ((x @ w - y) ** 2).mean()
+
+  @fg.jit
+  def set_lr(x, y):   # an lr computed in Python from a count the step keeps: a replay would keep the capture's value
+    opt.zero_grad(); loss_of(x, y).backward(); opt.step()
+    calls.append(1)
+    opt.param_groups[0]["lr"] = 0.1 * 0.5 ** len(calls)
+    return x.sum()
+  calls: list = []
+  set_lr(x, y)
+  with pytest.raises(RuntimeError, match=r"changed SGD\.param_groups\[0\]\['lr'\] from 0\.05 to 0\.025"):
+    set_lr(x, y)
+
+  @fg.jit
+  def set_constant_lr(x, y):   # the same value every step: a replay may keep it
+    opt.param_groups[0]["lr"] = 0.01
+    opt.zero_grad(); loss_of(x, y).backward(); opt.step()
+    return x.sum()
+  for _ in range(3): set_constant_lr(x, y)
+
+  n = 0
+  @fg.jit
+  def count(x, y):
+    nonlocal n
+    n += 1
+    return loss_of(x, y)
+  count(x, y)
+  with pytest.raises(RuntimeError, match=r"changed the variable 'n' from 1 to 2"):
+    count(x, y)
+
+  class Trainer:
+    def __init__(self): self.n = 0
+    @fg.jit
+    def step(self, x, y):
+      self.n += 1
+      opt.zero_grad(); loss_of(x, y).backward(); opt.step()
+      return loss_of(x, y)
+  t = Trainer()
+  t.step(x, y)
+  with pytest.raises(RuntimeError, match=r"changed self\.n from 1 to 2"):
+    t.step(x, y)
+
+  @fg.jit
+  def reads(x, y):
+    loss = loss_of(x, y)
+    return loss * 2 if loss.item() > 0 else loss   # a branch on a computed value
+  reads(x, y)
+  with pytest.raises(RuntimeError, match=r"reads the value of a tensor of shape \(\) on the host"):
+    reads(x, y)
+
+  @fg.jit
+  def returns_float(x, y): return float(loss_of(x, y).detach().numpy())
+  returns_float(x, y)
+  with pytest.raises(RuntimeError, match="on the host"):
+    returns_float(x, y)
+
+  sched = fg.optim.lr_scheduler.StepLR(opt, step_size=1)
+  @fg.jit
+  def epoch_step(x, y, e):
+    sched.step(e)
+    return loss_of(x, y)
+  with pytest.raises(RuntimeError, match=r"StepLR\.step\(epoch\) inside a jitted function"):
+    epoch_step(x, y, 3)
+
+  plateau = fg.optim.lr_scheduler.ReduceLROnPlateau(opt)
+  @fg.jit
+  def plateau_number(x, y):
+    plateau.step(0.5)
+    return loss_of(x, y)
+  with pytest.raises(RuntimeError, match="needs the metric as a tensor"):
+    plateau_number(x, y)
+
+  @fg.jit
+  def returns_number(x, y): return loss_of(x, y), 0.5
+  returns_number(x, y)
+  with pytest.raises(RuntimeError, match="returns a Python value"):
+    returns_number(x, y)

@@ -31,6 +31,23 @@ CASES = {
   "adagrad_lr_decay_wd": dict(cls="Adagrad", kw=dict(lr=0.1, lr_decay=0.05, weight_decay=0.1)),
   "adagrad_initial_acc_eps": dict(cls="Adagrad", kw=dict(lr=0.05, initial_accumulator_value=0.5, eps=1e-3)),
   "adagrad_maximize": dict(cls="Adagrad", kw=dict(lr=0.01, maximize=True)),
+  "adadelta": dict(cls="Adadelta", kw=dict()),
+  "adadelta_rho_wd_maximize": dict(cls="Adadelta", kw=dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1, maximize=True)),
+  "adamax": dict(cls="Adamax", kw=dict(lr=0.01)),
+  "adamax_betas_wd_maximize": dict(cls="Adamax", kw=dict(lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05,
+                                                         maximize=True)),
+  "nadam": dict(cls="NAdam", kw=dict(lr=0.01)),
+  "nadam_wd_momentum_decay": dict(cls="NAdam", kw=dict(lr=0.02, betas=(0.8, 0.99), weight_decay=0.05,
+                                                       momentum_decay=0.01)),
+  "nadam_decoupled_maximize": dict(cls="NAdam", kw=dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True,
+                                                        maximize=True)),
+  "radam": dict(cls="RAdam", kw=dict(lr=0.01)),
+  "radam_wd_betas": dict(cls="RAdam", kw=dict(lr=0.02, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.05)),
+  "radam_decoupled_maximize": dict(cls="RAdam", kw=dict(lr=0.01, betas=(0.9, 0.9), weight_decay=0.1,
+                                                        decoupled_weight_decay=True, maximize=True)),
+  "asgd": dict(cls="ASGD", kw=dict(lr=0.05)),
+  "asgd_averaging_wd_maximize": dict(cls="ASGD", kw=dict(lr=0.02, lambd=0.01, alpha=0.5, t0=3, weight_decay=0.1,
+                                                          maximize=True)),
 }
 
 
@@ -213,7 +230,8 @@ def test_step_of_one_parameter_is_one_kernel(rng, cls, kw):
 # ---- state_dict / load_state_dict --------------------------------------------------------------------------------
 
 RESUME = ["sgd_momentum_dampening", "sgd_nesterov_wd", "adam_amsgrad", "adamw", "rmsprop_centered_momentum_wd",
-          "rmsprop", "adagrad_lr_decay_wd", "adagrad_initial_acc_eps"]
+          "rmsprop", "adagrad_lr_decay_wd", "adagrad_initial_acc_eps", "adadelta_rho_wd_maximize",
+          "adamax_betas_wd_maximize", "nadam_wd_momentum_decay", "radam_decoupled_maximize", "asgd_averaging_wd_maximize"]
 
 
 def _train(opt, params, X, Y, steps: int, lib=fg):
@@ -263,7 +281,8 @@ def test_resume_from_state_dict_matches_torch(rng, case):
 
 
 @pytest.mark.parametrize("case", ["adam_amsgrad", "rmsprop_centered_momentum_wd", "adagrad_lr_decay_wd",
-                                  "sgd_momentum_dampening"])
+                                  "sgd_momentum_dampening", "adadelta", "adamax", "nadam_decoupled_maximize",
+                                  "radam_wd_betas", "asgd_averaging_wd_maximize"])
 def test_load_torch_state_dict(rng, case):
   W, b, X, Y = _problem(rng)
   tparams = [torch.tensor(W, requires_grad=True), torch.tensor(b, requires_grad=True)]
@@ -439,3 +458,93 @@ def test_training_with_clipping_and_one_cycle_matches_torch(rng):
   # 30 steps at large learning rates: Adam's m / sqrt(v) magnifies float32 rounding where a gradient is near 0
   np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(bb.numpy(), tb.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+# ---- LBFGS: host-side iterations and line search, as torch's ------------------------------------------------------
+
+@pytest.mark.parametrize("line_search", [None, "strong_wolfe"])
+def test_lbfgs_matches_torch(rng, line_search):
+  W, b, X, Y = _problem(rng)
+  w, bb = fg.tensor(W, requires_grad=True), fg.tensor(b, requires_grad=True)
+  tw, tb = torch.tensor(W, requires_grad=True), torch.tensor(b, requires_grad=True)
+  kw = dict(lr=0.5, max_iter=4, history_size=3, line_search_fn=line_search)
+  opt, topt = fg.optim.LBFGS([w, bb], **kw), torch.optim.LBFGS([tw, tb], **kw)
+  x, y = fg.tensor(X), fg.tensor(Y)
+  def closure():
+    opt.zero_grad()
+    loss = ((x @ w + bb - y) ** 2).mean()
+    loss.backward()
+    return loss
+  def tclosure():
+    topt.zero_grad()
+    loss = ((torch.tensor(X) @ tw + tb - torch.tensor(Y)) ** 2).mean()
+    loss.backward()
+    return loss
+  for i in range(3):
+    l, tl = opt.step(closure), topt.step(tclosure)
+    np.testing.assert_allclose(l.item(), tl.item(), rtol=1e-4, err_msg=f"step {i}")
+  np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(bb.numpy(), tb.detach().numpy(), rtol=1e-4, atol=1e-5)
+  st, tst = opt.state[id(w)], topt.state[tw]
+  assert st["n_iter"] == tst["n_iter"] and st["func_evals"] == tst["func_evals"]
+  assert len(st["old_dirs"]) == len(tst["old_dirs"]) == 3
+
+  # torch's state dict loads: both continue the same way
+  fresh = fg.optim.LBFGS([w2 := fg.tensor(tw.detach().numpy(), requires_grad=True),
+                          b2 := fg.tensor(tb.detach().numpy(), requires_grad=True)], **kw)
+  fresh.load_state_dict(topt.state_dict())
+  def closure2():
+    fresh.zero_grad()
+    loss = ((x @ w2 + b2 - y) ** 2).mean()
+    loss.backward()
+    return loss
+  fresh.step(closure2)
+  topt.step(tclosure)
+  np.testing.assert_allclose(w2.numpy(), tw.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_lbfgs_errors(rng):
+  w = fg.tensor(rng.standard_normal(3).astype(np.float32), requires_grad=True)
+  with pytest.raises(ValueError, match="parameter groups"):
+    fg.optim.LBFGS([{"params": [w]}, {"params": [fg.zeros(2, requires_grad=True)]}])
+  with pytest.raises(ValueError, match="Invalid learning rate"):
+    fg.optim.LBFGS([w], lr=-1)
+  opt = fg.optim.LBFGS([w], line_search_fn="backtracking")
+  def closure():
+    opt.zero_grad()
+    loss = (w * w).sum()
+    loss.backward()
+    return loss
+  with pytest.raises(RuntimeError, match="only 'strong_wolfe'"):
+    opt.step(closure)
+  opt = fg.optim.LBFGS([w])
+  step = fg.jit(lambda: opt.step(closure))
+  with pytest.raises(RuntimeError, match="LBFGS.step cannot be captured"):
+    step()
+
+
+@pytest.mark.parametrize("cls,kw,msg", [
+  ("Adadelta", dict(rho=1.5), "Invalid rho value"), ("Adadelta", dict(eps=-1), "Invalid epsilon value"),
+  ("Adamax", dict(betas=(1.0, 0.9)), "Invalid beta parameter at index 0"),
+  ("NAdam", dict(momentum_decay=-1), "Invalid momentum_decay value"),
+  ("RAdam", dict(betas=(0.9, 1.0)), "Invalid beta parameter at index 1"),
+  ("ASGD", dict(weight_decay=-1), "Invalid weight_decay value"), ("ASGD", dict(lr=-1), "Invalid learning rate")])
+def test_new_optimizers_reject_bad_hyperparameters_like_torch(cls, kw, msg):
+  with pytest.raises(ValueError, match=msg):
+    getattr(torch.optim, cls)([torch.zeros(2, requires_grad=True)], **kw)
+  with pytest.raises(ValueError, match=msg):
+    getattr(fg.optim, cls)([fg.zeros(2, requires_grad=True)], **kw)
+
+
+@pytest.mark.parametrize("cls", ["Adadelta", "Adamax", "NAdam", "RAdam", "ASGD"])
+def test_new_optimizers_defaults_and_state_names_are_torchs(rng, cls):
+  W = rng.standard_normal(4).astype(np.float32)
+  w, tw = fg.tensor(W, requires_grad=True), torch.tensor(W, requires_grad=True)
+  opt, topt = getattr(fg.optim, cls)([w]), getattr(torch.optim, cls)([tw])
+  w.grad, tw.grad = fg.ones(4), torch.ones(4)
+  opt.step(); topt.step()
+  g, tg = opt.state_dict()["param_groups"][0], topt.state_dict()["param_groups"][0]
+  assert {k: v for k, v in g.items() if k in tg} == {k: v for k, v in tg.items() if k in g}
+  assert set(g) - {"params"} <= set(tg)
+  assert set(opt.state_dict()["state"][0]) == set(topt.state_dict()["state"][0])
+  np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-6, atol=1e-7)

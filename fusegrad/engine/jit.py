@@ -16,7 +16,10 @@ What a replay reads and writes:
     two buffers and a replay reads the current one and writes the other, never a buffer that a
     live tensor still holds, so a value read before a step stays what it was;
   * host values registered with `host()` (an optimizer's step count and learning rate, random
-    number keys) are recomputed and written at their place in the replay.
+    number keys) are recomputed and written at their place in the replay; Python state that the step
+    changes through `host()` is changed again by every replay, exactly as the eager step changes it
+    (a learning-rate scheduler stepped inside the step, `Module.train()/eval()`, `manual_seed`), and
+    `host_read()` hands host code a value the replay computed (ReduceLROnPlateau's metric).
 Everything else the step computed is an internal buffer of the capture: `.grad` and other tensors
 the step left behind are not updated by replays. Python control flow is frozen at the capture (the
 code does not run again), and a registered `guard()` that fails drops the capture (an optimizer
@@ -44,12 +47,95 @@ def recorder() -> "_Recorder | None":
   return getattr(_local, "rec", None)
 
 
+_watched: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+
+
+def watch(obj) -> None:
+  """obj._jit_state() -> {name: value} is Python state that only host code run through `host()` may change
+  inside a captured step (an optimizer's hyperparameters: a scheduler changes them through host(), and its
+  change is repeated by replays); a change made by the step's own Python is refused at the capture."""
+  _watched[id(obj)] = obj
+
+
+def _snapshot() -> dict:
+  return {k: (o, o._jit_state()) for k, o in list(_watched.items())}
+
+
+def _same(a, b) -> bool:
+  try:
+    return a is b or (type(a) is type(b) and bool(a == b))
+  except Exception:   # a value without a plain equality (an array): only the same object is the same
+    return False
+
+
 def host(fn) -> None:
-  """Run fn (host code that writes values into device buffers) now, and again at this point of every
-  replay of a step being captured."""
-  fn()
+  """Run fn (host code that writes values into device buffers, or that changes Python state the step's
+  later host code reads) now, and again at this point of every replay of a step being captured. Host code
+  that fn runs through host() itself is repeated by fn, not recorded twice (a scheduler stepping others)."""
   rec = getattr(_local, "rec", None)
-  if rec is not None and rec.recording: rec.items.append(("host", fn))
+  if rec is None or not rec.recording or rec.depth:
+    fn()
+    return
+  rec.check_python()
+  rec.depth += 1
+  try:
+    fn()
+  finally:
+    rec.depth -= 1
+  rec.items.append(("host", fn))
+  rec.snap = _snapshot()
+
+
+def host_read(t, fn) -> None:
+  """fn(value of tensor t as a numpy array) now, and at this point of every replay with the value that replay
+  computed: host code that decides on a value of the step (ReduceLROnPlateau's metric)."""
+  import numpy as np
+  rec = getattr(_local, "rec", None)
+  t.realize()
+  n = t.node
+  buf = n.buffer
+  if buf is None:   # a constant: the same value at every replay
+    value = np.full(t.shape, n.arg, dtype=t.dtype.np)
+    host(lambda: fn(value))
+    return
+  if rec is None or not rec.recording or rec.depth:
+    fn(buf.numpy().reshape(t.shape))
+    return
+  rec.check_python()
+  rec.depth += 1
+  try:
+    fn(buf.numpy().reshape(t.shape))
+  finally:
+    rec.depth -= 1
+  rec.items.append(("read", buf, t.shape, fn))
+  rec.snap = _snapshot()
+
+
+def check_read(t) -> None:
+  """Tensor.numpy() inside a step being captured: a value the step computed (or state it reads) is frozen on
+  the host at the capture, and whatever the step's Python did with it is not repeated by replays."""
+  rec = getattr(_local, "rec", None)
+  if rec is None or not rec.recording or rec.depth: return
+  b = t.node.buffer
+  if b is not None and id(b) in rec.inputs: return   # an argument's own values (a target's class range check)
+  raise RuntimeError(f"fusegrad.jit: the step reads the value of a tensor of shape {tuple(t.shape)} on the host "
+                     "(.item(), .numpy(), .tolist(), float(), bool(), print...); a replay does not run the step's "
+                     "Python, so that value and what the step does with it would stay those of the capture. Return "
+                     "the tensor from the step and read it outside")
+
+
+def note_module(m) -> None:
+  """Module.__call__: the module's training mode selects the step's kernels (dropout, batch statistics); a
+  replay is valid only while it is the mode the capture ran the module in (unless the step itself set it)."""
+  rec = getattr(_local, "rec", None)
+  if rec is not None and rec.recording and id(m) not in rec.mode_set and id(m) not in rec.modes:
+    rec.modes[id(m)] = (weakref.ref(m), m.training)
+
+
+def note_mode_set(modules) -> None:
+  """Module.train() inside a step being captured: the step sets these modules' mode itself (a host item)."""
+  rec = getattr(_local, "rec", None)
+  if rec is not None and rec.recording: rec.mode_set.update(id(m) for m in modules)
 
 
 def guard(fn) -> None:
@@ -69,9 +155,33 @@ class _Recorder:
   def __init__(self, recording: bool):
     self.recording = recording
     self.items: list = []        # ("kernel", dev, program, kernel, src, [Buffer]) | ("copy", src, dst) | ("host", fn)
+                                 # | ("read", Buffer, shape, fn)
     self.written: dict = {}      # id(Buffer) -> Buffer, for buffers a recorded item wrote
     self.rebound: dict = {}      # id(tensor) -> (weakref to it, its node before the first in-place update)
     self.guards: list = []
+    self.inputs: set = set()     # id(Buffer) of the arguments
+    self.depth = 0               # > 0 while host code registered with host() runs
+    self.snap = _snapshot() if recording else {}
+    self.error: "str | None" = None
+    self.modes: dict = {}        # id(module) -> (weakref, training) for modules called in a mode the step did not set
+    self.mode_set: set = set()
+
+  def check_python(self) -> None:
+    """Record the first watched value that the step's Python changed since the last host item (not through one)."""
+    now = _snapshot()
+    if self.error is None:
+      for k, (obj, state) in now.items():
+        if k not in self.snap or self.snap[k][0] is not obj: continue
+        old = self.snap[k][1]
+        for name, v in state.items():
+          if name in old and not _same(old[name], v):
+            self.error = (f"fusegrad.jit: the step changed {type(obj).__name__}.{name} from {old[name]!r} to {v!r} in "
+                          "Python; a replay does not run the step's Python, so the value would stay the capture's. "
+                          "Change it with a learning-rate scheduler stepped inside the step (replays step it again) "
+                          "or outside the jitted function")
+            break
+        if self.error is not None: break
+    self.snap = now
 
   def kernel(self, dev, program, kernel, src, bufs: list, n_out: int) -> None:
     if not self.recording: return
@@ -126,6 +236,7 @@ class jit:
       return _run(self.fn, args, kwargs, _Recorder(recording=False))[0]
     rec = _Recorder(recording=True)
     inputs = [t.node.buffer for t in tensors]    # before the step runs: it may rebind an argument
+    rec.inputs = {id(b) for b in inputs}
     out, outs, states = _run(self.fn, args, kwargs, rec)
     try:
       self._captures[key] = _Capture(rec, inputs, out, outs, states)
@@ -141,18 +252,68 @@ def _run(fn, args, kwargs, rec: _Recorder):
   """Call fn with rec active; realize its tensor results and the live tensors it updated in place."""
   from fusegrad.tensor import Tensor
   from fusegrad.engine.realize import realize
+  scalars = _python_scalars(fn, args) if rec.recording else None
   _local.rec = rec
   try:
     out = fn(*args, **kwargs)
     outs = _flatten_out(out, Tensor)
     states = [t for t in (r() for r, _ in rec.rebound.values()) if t is not None]
     realize(*[t.node for t in outs + states])
+    if rec.recording: rec.check_python()
   finally:
     _local.rec = None
+  if rec.recording:
+    if rec.error is not None: raise RuntimeError(rec.error)
+    for name, v in _python_scalars(fn, args).items():
+      if name in scalars and not _same(scalars[name], v):
+        raise RuntimeError(f"fusegrad.jit: the step changed {name} from {scalars[name]!r} to {v!r}; a replay does not "
+                           "run the step's Python, so it would not change it again (nor any value computed from it). "
+                           "Keep such counters outside the jitted function, or in a tensor the step updates in place")
+    if _has_scalars(out):
+      raise RuntimeError("fusegrad.jit: the step returns a Python value that is not a tensor; a replay does not run "
+                         "the step's Python and would return the capture's value again. Return tensors")
+    if rec.modes:
+      modes = list(rec.modes.values())
+      rec.guards.append(lambda: all(m() is None or m().training == t for m, t in modes))
   from fusegrad.graph import node as gn
   for t in states:   # a realized constant would still fold into the next step's graph as a literal: make it data
     if t.node.op == "CONST": t.node = gn.buffer_node(t.node.buffer, t.dtype, t.shape, t.device)
   return out, outs, states
+
+
+_SCALARS = (bool, int, float, complex, str, bytes)
+
+
+def _has_scalars(out) -> bool:
+  """A Python number (or string) among the step's results: the capture's value would be returned by every replay."""
+  if isinstance(out, _SCALARS): return True
+  if isinstance(out, (list, tuple)): return any(_has_scalars(v) for v in out)
+  if isinstance(out, dict): return any(_has_scalars(v) for v in out.values())
+  return False
+
+
+def _python_scalars(fn, args) -> dict:
+  """The Python numbers (and strings) the step's code refers to: globals it names, its closure's cells, and the
+  attributes of `self` for a method; a step that changes one (a counter) cannot be replayed."""
+  out: dict = {}
+  f = getattr(fn, "__func__", fn)
+  code = getattr(f, "__code__", None)
+  if code is None: return out
+  g = getattr(f, "__globals__", {})
+  for name in code.co_names:
+    v = g.get(name)
+    if isinstance(v, _SCALARS): out[f"the global {name!r}"] = v
+  for name, cell in zip(code.co_freevars, getattr(f, "__closure__", None) or ()):
+    try:
+      v = cell.cell_contents
+    except ValueError:
+      continue
+    if isinstance(v, _SCALARS): out[f"the variable {name!r}"] = v
+  self_obj = getattr(fn, "__self__", None)
+  if self_obj is None and code.co_argcount and code.co_varnames[0] == "self" and args: self_obj = args[0]
+  for name, v in (getattr(self_obj, "__dict__", None) or {}).items():
+    if isinstance(v, _SCALARS): out[f"self.{name}"] = v
+  return out
 
 
 class _Shared(Exception):
@@ -321,6 +482,9 @@ class _Capture:
       flush()
       if kind == "host":
         item[1]()
+      elif kind == "read":
+        _, b, shape, fn = item
+        fn(sub.get(id(b), b).numpy().reshape(shape))
       else:
         _, src, dst = item
         sub.get(id(dst), dst).copyin(sub.get(id(src), src).numpy())

@@ -5,6 +5,7 @@ from typing import Iterator
 import fusegrad as fg
 from fusegrad import dtype as dt
 from fusegrad.tensor import Tensor
+from fusegrad.engine import jit as _jit
 
 
 class Parameter(Tensor):
@@ -198,7 +199,10 @@ class Module:
   # ---- modes and placement ----
   def train(self, mode: bool = True) -> Module:
     if not isinstance(mode, bool): raise ValueError("training mode is expected to be boolean")
-    for m in self.modules(): object.__setattr__(m, "training", mode)
+    def apply():
+      for m in self.modules(): object.__setattr__(m, "training", mode)
+    _jit.note_mode_set(self.modules())
+    _jit.host(apply)   # inside a captured step (fusegrad.jit), every replay sets the mode again
     return self
 
   def eval(self) -> Module: return self.train(False)
@@ -244,7 +248,9 @@ class Module:
   def forward(self, *args, **kwargs):
     raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
 
-  def __call__(self, *args, **kwargs): return self.forward(*args, **kwargs)
+  def __call__(self, *args, **kwargs):
+    _jit.note_module(self)   # a captured step (fusegrad.jit) is replayed only while the module is in this mode
+    return self.forward(*args, **kwargs)
 
   def extra_repr(self) -> str: return ""
 

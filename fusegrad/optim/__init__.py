@@ -47,6 +47,13 @@ class Optimizer(abc.ABC):
     self.param_groups: list[dict] = []
     self.state: dict[int, dict] = {}     # id(param) -> {name: Tensor or number}; keys starting with _ are internal
     for g in groups: self.add_param_group(g)
+    _jit.watch(self)   # a captured step may change hyperparameters only through a scheduler (see _jit_state)
+
+  def _jit_state(self) -> dict:
+    """The hyperparameters a captured step (fusegrad.jit) reads on the host at every replay: the step's own Python
+    must not change them (a replay would not), a scheduler stepped inside it may (replays step it again)."""
+    return {f"param_groups[{i}][{k!r}]": v for i, g in enumerate(self.param_groups) for k, v in g.items()
+            if k != "params"}
 
   def add_param_group(self, group: dict) -> None:
     if not isinstance(group, dict): raise TypeError(f"param_group must be a dict, but got {type(group)}")
@@ -111,6 +118,9 @@ class Optimizer(abc.ABC):
     if updates: fg.realize(*updates)
     return loss
 
+  # state entries kept on the host as numbers (torch's 0-d tensors): they feed `_hyper`
+  _HOST_STATE: tuple = ("step",)
+
   # group entries that select a different update graph rather than a value in it: a captured step
   # (fusegrad.jit) is replayed only while they are unchanged
   _STRUCTURAL = ("momentum", "nesterov", "weight_decay", "amsgrad", "maximize", "decoupled_weight_decay",
@@ -167,14 +177,14 @@ class Optimizer(abc.ABC):
     for k, st in state_dict["state"].items():
       if k not in params: continue
       p = params[k]
-      state[id(p)] = {name: _load_value(p, name, v) for name, v in st.items()}
+      state[id(p)] = {name: _load_value(p, name, v, self._HOST_STATE) for name, v in st.items()}
     self.param_groups = [{**s, "params": g["params"]} for g, s in zip(self.param_groups, saved)]
     self.state = state
     _jit.invalidate()   # a captured step holds the old groups and state tensors
 
 
-def _load_value(p: Tensor, name: str, v):
-  if name == "step":
+def _load_value(p: Tensor, name: str, v, host: tuple = ("step",)):
+  if name in host:   # a value the host computes the step's hyperparameters from (torch keeps a 0-d tensor)
     v = v.item() if hasattr(v, "item") else v
     return int(v) if isinstance(v, float) and v.is_integer() else v
   if isinstance(v, Tensor):
@@ -325,5 +335,173 @@ class Adagrad(Optimizer):
     return p - clr * grad / (acc.sqrt() + eps), [acc]
 
 
+def _f32(x: float) -> float:
+  """x rounded to float32: a value torch keeps in a float32 0-d tensor (NAdam's mu_product, ASGD's eta and mu)."""
+  return float(np.float32(x))
+
+
+class Adadelta(Optimizer):
+  def __init__(self, params, lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6, weight_decay: float = 0.0,
+               foreach=None, *, capturable: bool = False, maximize: bool = False, differentiable: bool = False):
+    _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+    _check(0.0 <= rho <= 1.0, f"Invalid rho value: {rho}")
+    _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+    _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+    super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize))
+
+  def _hyper(self, g, state):
+    state["step"] = state.get("step", 0) + 1
+    return [g["lr"], g["rho"], 1 - g["rho"], g["eps"], g["weight_decay"]]
+
+  def _update(self, p, grad, g, state, s):
+    lr, rho, w, eps, wd = (s[i] for i in range(5))
+    if g["maximize"]: grad = -grad
+    if g["weight_decay"]: grad = grad + wd * p
+    sq, acc = state.get("square_avg"), state.get("acc_delta")
+    if acc is None: acc = fg.zeros_like(p)
+    sq = self._set_state(state, "square_avg", w * (grad * grad) if sq is None else sq * rho + w * (grad * grad))
+    delta = (acc + eps).sqrt() / (sq + eps).sqrt() * grad
+    acc = self._set_state(state, "acc_delta", acc * rho + w * (delta * delta))
+    return p - lr * delta, [sq, acc]
+
+
+class Adamax(Optimizer):
+  def __init__(self, params, lr: float = 2e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+               foreach=None, *, maximize: bool = False, differentiable: bool = False, capturable: bool = False):
+    _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+    _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+    _check(0.0 <= betas[0] < 1.0, f"Invalid beta parameter at index 0: {betas[0]}")
+    _check(0.0 <= betas[1] < 1.0, f"Invalid beta parameter at index 1: {betas[1]}")
+    _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+    super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, maximize=maximize))
+
+  def _hyper(self, g, state):
+    b1, b2 = g["betas"]
+    t = state["step"] = state.get("step", 0) + 1
+    return [g["lr"] / (1 - b1 ** t), g["eps"], 1 - b1, b2, g["weight_decay"]]
+
+  def _update(self, p, grad, g, state, s):
+    clr, eps, w1, b2, wd = (s[i] for i in range(5))
+    if g["maximize"]: grad = -grad
+    if g["weight_decay"]: grad = grad + wd * p
+    m, u = state.get("exp_avg"), state.get("exp_inf")
+    m = self._set_state(state, "exp_avg", w1 * grad if m is None else _lerp(m, grad, w1))
+    norm = grad.abs() + eps
+    u = self._set_state(state, "exp_inf", norm if u is None else (u * b2).maximum(norm))
+    return p - clr * (m / u), [m, u]
+
+
+class NAdam(Optimizer):
+  _HOST_STATE = ("step", "mu_product")
+
+  def __init__(self, params, lr: float = 2e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+               momentum_decay: float = 4e-3, decoupled_weight_decay: bool = False, *, foreach=None,
+               maximize: bool = False, capturable: bool = False, differentiable: bool = False):
+    _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+    _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+    _check(0.0 <= betas[0] < 1.0, f"Invalid beta parameter at index 0: {betas[0]}")
+    _check(0.0 <= betas[1] < 1.0, f"Invalid beta parameter at index 1: {betas[1]}")
+    _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+    _check(momentum_decay >= 0.0, f"Invalid momentum_decay value: {momentum_decay}")
+    super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                  momentum_decay=momentum_decay, decoupled_weight_decay=decoupled_weight_decay,
+                                  maximize=maximize))
+
+  def _hyper(self, g, state):
+    b1, b2 = g["betas"]
+    lr, wd, md = g["lr"], g["weight_decay"], g["momentum_decay"]
+    t = state["step"] = state.get("step", 0) + 1
+    mu = b1 * (1.0 - 0.5 * 0.96 ** (t * md))
+    mu_next = b1 * (1.0 - 0.5 * 0.96 ** ((t + 1) * md))
+    # torch keeps mu_product in a float32 0-d tensor: the product is taken (and rounded) in float32
+    mp = state["mu_product"] = float(np.float32(state.get("mu_product", 1.0)) * np.float32(mu))
+    return [-lr * (1.0 - mu) / (1.0 - mp), -lr * mu_next / (1.0 - mp * mu_next), 1 - b2 ** t, g["eps"], 1 - b1, b2,
+            1 - b2, wd, 1 - lr * wd]
+
+  def _update(self, p, grad, g, state, s):
+    c_grad, c_avg, bc2, eps, w1, b2, w2, wd, decay = (s[i] for i in range(9))
+    if g["maximize"]: grad = -grad
+    if g["weight_decay"]:
+      if g["decoupled_weight_decay"]: p = p * decay
+      else: grad = grad + wd * p
+    m, v = state.get("exp_avg"), state.get("exp_avg_sq")
+    m = self._set_state(state, "exp_avg", w1 * grad if m is None else _lerp(m, grad, w1))
+    v = self._set_state(state, "exp_avg_sq", w2 * (grad * grad) if v is None else v * b2 + w2 * (grad * grad))
+    denom = (v / bc2).sqrt() + eps
+    p = p + c_grad * (grad / denom)
+    return p + c_avg * (m / denom), [m, v]
+
+
+class RAdam(Optimizer):
+  def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+               decoupled_weight_decay: bool = False, *, foreach=None, maximize: bool = False,
+               capturable: bool = False, differentiable: bool = False):
+    _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+    _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+    _check(0.0 <= betas[0] < 1.0, f"Invalid beta parameter at index 0: {betas[0]}")
+    _check(0.0 <= betas[1] < 1.0, f"Invalid beta parameter at index 1: {betas[1]}")
+    _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+    super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                  decoupled_weight_decay=decoupled_weight_decay, maximize=maximize))
+
+  def _hyper(self, g, state):
+    b1, b2 = g["betas"]
+    lr, wd = g["lr"], g["weight_decay"]
+    t = state["step"] = state.get("step", 0) + 1
+    bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+    rho_inf = 2 / (1 - b2) - 1
+    rho_t = rho_inf - 2 * t * (b2 ** t) / bc2
+    # the rectified (adaptive) update once the variance is tractable (rho_t > 5), a plain momentum step before:
+    # a host-side switch selects inside one kernel, so the step compiles once
+    adaptive = rho_t > 5.0
+    rect = ((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) ** 0.5 if adaptive else 0.0
+    return [lr, bc1, bc2 ** 0.5, rect, 1.0 if adaptive else 0.0, g["eps"], 1 - b1, b2, 1 - b2, wd, 1 - lr * wd]
+
+  def _update(self, p, grad, g, state, s):
+    lr, bc1, bc2_sqrt, rect, adaptive, eps, w1, b2, w2, wd, decay = (s[i] for i in range(11))
+    if g["maximize"]: grad = -grad
+    if g["weight_decay"]:
+      if g["decoupled_weight_decay"]: p = p * decay
+      else: grad = grad + wd * p
+    m, v = state.get("exp_avg"), state.get("exp_avg_sq")
+    m = self._set_state(state, "exp_avg", w1 * grad if m is None else _lerp(m, grad, w1))
+    v = self._set_state(state, "exp_avg_sq", w2 * (grad * grad) if v is None else v * b2 + w2 * (grad * grad))
+    step = m / bc1 * lr
+    step = fg.where(adaptive > 0.5, step * (bc2_sqrt / (v.sqrt() + eps)) * rect, step)
+    return p - step, [m, v]
+
+
+class ASGD(Optimizer):
+  _HOST_STATE = ("step", "eta", "mu")
+
+  def __init__(self, params, lr: float = 1e-2, lambd: float = 1e-4, alpha: float = 0.75, t0: float = 1e6,
+               weight_decay: float = 0.0, foreach=None, maximize: bool = False, differentiable: bool = False,
+               capturable: bool = False):
+    _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+    _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+    super().__init__(params, dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
+                                  maximize=maximize))
+
+  def _hyper(self, g, state):
+    lr, lambd = g["lr"], g["lambd"]
+    t = state["step"] = state.get("step", 0) + 1
+    eta, mu = state.get("eta", _f32(lr)), state.get("mu", 1.0)   # this step uses the previous step's eta and mu
+    state["eta"] = _f32(lr / ((1 + lambd * lr * t) ** g["alpha"]))
+    state["mu"] = _f32(1 / max(1, t - g["t0"]))
+    return [eta, 1 - lambd * eta, mu, 1.0 if mu == 1 else 0.0, g["weight_decay"]]
+
+  def _update(self, p, grad, g, state, s):
+    eta, decay, mu, mu_is_one, wd = (s[i] for i in range(5))
+    if g["maximize"]: grad = -grad
+    if g["weight_decay"]: grad = grad + wd * p
+    p = p * decay - eta * grad
+    ax = state.get("ax")
+    if ax is None: ax = fg.zeros_like(p)
+    # torch copies the parameter while mu is 1 (an exact copy, not ax + (p - ax))
+    ax = self._set_state(state, "ax", fg.where(mu_is_one > 0.5, p, ax + (p - ax) * mu))
+    return p, [ax]
+
+
+from fusegrad.optim.lbfgs import LBFGS  # noqa: E402
 from fusegrad.optim import lr_scheduler  # noqa: E402  (schedulers subclass nothing here but check Optimizer)
 from fusegrad.optim.clip import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm  # noqa: E402

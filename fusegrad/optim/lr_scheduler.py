@@ -1,16 +1,21 @@
 """Learning-rate schedulers: torch.optim.lr_scheduler's classes, arguments and values.
 
 A scheduler rewrites `group['lr']` (and momentum / beta1 for OneCycleLR) on the host; optimizers copy their
-hyperparameters into a per-step device buffer, so a schedule never recompiles a kernel. The chainable (recursive)
+hyperparameters into a per-step device buffer, so a schedule never recompiles a kernel. A scheduler stepped inside
+a captured step (fusegrad.jit) steps through `jit.host`: every replay steps it again, its Python state (last_epoch,
+the lrs it sets) advancing as in eager mode; ReduceLROnPlateau reads its metric from each replay (`jit.host_read`). The chainable (recursive)
 forms are PyTorch's, operation for operation, so the learning rates are the same floats as torch's.
 """
 from __future__ import annotations
+import functools
 import math
 import types
 import warnings
 from bisect import bisect_right
 from collections import Counter
+from fusegrad.engine import jit as _jit
 from fusegrad.optim import Optimizer
+from fusegrad.tensor import Tensor
 
 __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
            "ExponentialLR", "PolynomialLR", "CosineAnnealingLR", "SequentialLR", "ChainedScheduler", "OneCycleLR",
@@ -124,8 +129,13 @@ class LRScheduler:
       warnings.warn("Detected call of `lr_scheduler.step()` before `optimizer.step()`. You should call them in the "
                     "opposite order: `optimizer.step()` before `lr_scheduler.step()`. Failure to do this will "
                     "result in skipping the first value of the learning rate schedule.", UserWarning, stacklevel=2)
+    if epoch is not None:
+      _refuse_epoch(self)
+      warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
+    _jit.host(functools.partial(self._step, epoch))   # a captured step's replays step the scheduler again
+
+  def _step(self, epoch: int | None = None) -> None:
     self._step_count += 1
-    if epoch is not None: warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
     self._update_lr(epoch)
 
   def _update_lr(self, epoch: int | None = None) -> None:
@@ -141,6 +151,13 @@ class LRScheduler:
       self._get_lr_called_within_step = False
     for g, lr in zip(self.optimizer.param_groups, values): g["lr"] = lr
     self._last_lr = _lrs(self.optimizer)
+
+
+def _refuse_epoch(s) -> None:
+  if _jit.recorder() is not None:
+    raise RuntimeError(f"fusegrad.jit: {type(s).__name__}.step(epoch) inside a jitted function: the epoch is a Python "
+                       "value the replays would repeat unchanged; call step() without an epoch (it counts the steps), "
+                       "or step the scheduler outside the jitted function")
 
 
 def _per_group(optimizer: Optimizer, lr_lambda) -> list:
@@ -349,6 +366,9 @@ class SequentialLR(LRScheduler):
     elif hasattr(s, "last_epoch"): s.last_epoch -= 1
 
   def step(self) -> None:  # type: ignore[override]
+    _jit.host(self._step)   # a captured step's replays step it (and the scheduler it runs) again
+
+  def _step(self, epoch=None) -> None:
     self.last_epoch += 1
     idx = bisect_right(self._milestones, self.last_epoch)
     s = self._schedulers[idx]
@@ -373,6 +393,9 @@ class ChainedScheduler(LRScheduler):
     self._last_lr = _lrs(self._schedulers[-1].optimizer)
 
   def step(self) -> None:  # type: ignore[override]
+    _jit.host(self._step)
+
+  def _step(self, epoch=None) -> None:
     for s in self._schedulers: s.step()
     self._last_lr = _lrs(self._schedulers[-1].optimizer)
 
@@ -501,9 +524,20 @@ class ReduceLROnPlateau(LRScheduler):
     self.best, self.cooldown_counter, self.num_bad_epochs = self.mode_worse, 0, 0
 
   def step(self, metrics, epoch=None) -> None:  # type: ignore[override]
-    current = float(metrics)   # a lazy loss is realized here: the decision is made on the host
+    if epoch is not None: warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
+    if _jit.recorder() is None:
+      self._step(float(metrics), epoch)   # a lazy loss is realized here: the decision is made on the host
+      return
+    if epoch is not None: _refuse_epoch(self)
+    if not isinstance(metrics, Tensor):
+      raise RuntimeError("fusegrad.jit: ReduceLROnPlateau.step(metrics) inside a jitted function needs the metric as a "
+                         f"tensor the step computes (got {type(metrics).__name__}: a Python value would be the "
+                         "capture's at every replay)")
+    # every replay hands the scheduler the metric it computed, and the scheduler decides again on the host
+    _jit.host_read(metrics, lambda v: self._step(float(v.reshape(-1)[0]) if v.size == 1 else float(v)))
+
+  def _step(self, current: float, epoch=None) -> None:
     if epoch is None: epoch = self.last_epoch + 1
-    else: warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning, stacklevel=2)
     self.last_epoch = epoch
     if self._is_better(current, self.best): self.best, self.num_bad_epochs = current, 0
     else: self.num_bad_epochs += 1
