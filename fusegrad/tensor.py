@@ -318,11 +318,26 @@ class Tensor:
     return self._alu("NEG")
   def exp(self): return self._unary_float("EXP")
   def exp2(self): return (self._cast(self._float_dtype()) * math.log(2)).exp()
-  def expm1(self): return self.exp() - 1
+  def expm1(self):
+    x = self._cast(self._float_dtype())
+    with autograd.no_grad():   # its own gradient rule, exp(x)
+      u = x.exp()
+      um = u - 1
+      # Kahan: (u - 1) * x / log(u) cancels the rounding error of u; u == 1 means |x| is below half an ulp of 1,
+      # u - 1 == -1 that expm1 rounds to -1, u == inf an overflow (the quotient would be inf / inf)
+      out = where(u == 1, x, where((um == -1) | (u == float("inf")), um, um * (x / u.log())))
+    return x._prim("EXPM1", None, out.node)
   def log(self): return self._unary_float("LOG")
   def log2(self): return self.log() * (1 / math.log(2))
   def log10(self): return self.log() * (1 / math.log(10))
-  def log1p(self): return (self._cast(self._float_dtype()) + 1).log()
+  def log1p(self):
+    x = self._cast(self._float_dtype())
+    with autograd.no_grad():   # its own gradient rule, 1 / (1 + x)
+      u = x + 1
+      # Kahan: log(u) * x / (u - 1) cancels the rounding error of 1 + x (u - 1 is exact); x / (u - 1) first so that
+      # a large x cannot overflow the product
+      out = where((u == 1) | (u == float("inf")), x, u.log() * (x / (u - 1)))
+    return x._prim("LOG1P", None, out.node)
   def sqrt(self): return self._unary_float("SQRT")
   def rsqrt(self): return self.sqrt().reciprocal()
   def sin(self): return self._unary_float("SIN")
@@ -364,7 +379,8 @@ class Tensor:
   def sigmoid(self):
     x = self._cast(self._float_dtype())
     with autograd.no_grad():   # its own gradient rule, out * (1 - out): stable for any x
-      out = (1 + (-x).exp()).reciprocal()
+      e = (-x.abs()).exp()      # never overflows: exp(-|x|) <= 1
+      out = where(x >= 0, (1 + e).reciprocal(), e / (1 + e))   # e / (1 + e) keeps sigmoid(-100) = 3.7e-44
     return x._prim("SIGMOID", None, out.node)
   def silu(self): return self * self.sigmoid()
   def gelu(self, approximate: str = "none"):
@@ -375,14 +391,20 @@ class Tensor:
     return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
   def elu(self, alpha: float = 1.0):
     x = self._cast(self._float_dtype())
-    return where(x > 0, x, alpha * where(x > 0, 0.0, x).expm1())   # the unused branch sees a safe input
+    neg = x <= 0   # PyTorch's test: a NaN takes the x branch, so its gradient is 1 as there
+    return where(neg, alpha * where(neg, x, 0.0).expm1(), x)   # the unused branch sees a safe input
   def leaky_relu(self, negative_slope: float = 0.01):
     x = self._cast(self._float_dtype())
     return where(x > 0, x, x * negative_slope)
   def softplus(self, beta: float = 1.0, threshold: float = 20.0):
+    """log(1 + exp(beta x)) / beta, x itself where beta x > threshold (PyTorch's definition)."""
     x = self._cast(self._float_dtype())
-    big = x * beta > threshold
-    return where(big, x, (where(big, 0.0, x) * beta).exp().log1p() / beta)   # no inf in the unused branch
+    with autograd.no_grad():   # its own gradient rule, sigmoid(beta x) (1 past the threshold)
+      bx = x * beta
+      # max(bx, 0) + log1p(exp(-|bx|)): exp never overflows and softplus(-100) = 3.7e-44, not log(1 + tiny) = 0
+      sp = where(bx > 0, bx, 0.0) + (-bx.abs()).exp().log1p()
+      out = where(bx > threshold, x, sp / beta if beta != 1 else sp)
+    return x._prim("SOFTPLUS", (beta, threshold), out.node)
   def mish(self): return self * self.softplus().tanh()
   # PyTorch's hard activations pass gradient strictly inside their linear range
   def hardtanh(self, min_val=-1.0, max_val=1.0): return where(self <= min_val, min_val, where(self >= max_val, max_val, self))
@@ -678,19 +700,21 @@ class Tensor:
     axes = _norm_dims(dim, self.ndim)
     n = prod(self.shape[a] for a in axes)
     return x.sum(dim, keepdim) / n if n else x.sum(dim, keepdim) * float("nan")
-  def var(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
+  def _var_mean(self, dim, keepdim: bool, correction, unbiased) -> tuple:
     if correction is None: correction = 1 if unbiased is None or unbiased else 0
     axes = _norm_dims(_all_if_empty(dim), self.ndim)
-    n = prod(self.shape[a] for a in axes)
-    x = self._cast(self._float_dtype())
-    d = x - x.mean(axes, keepdim=True)
-    return (d * d).sum(axes, keepdim) / builtins.max(n - correction, 0)
+    mean, _, var = _moments(self._cast(self._float_dtype()), axes, correction)
+    if keepdim: return var, mean
+    return var.squeeze(axes), mean.squeeze(axes)
+  def var(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
+    return self._var_mean(dim, keepdim, correction, unbiased)[0]
   def std(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
-    v = self.var(dim, keepdim, correction=correction, unbiased=unbiased)
-    zero = v == 0    # PyTorch gives a constant's std a zero gradient, not 0 * inf
-    return where(zero, 0.0, where(zero, 1.0, v).sqrt())
-  def var_mean(self, dim=None, keepdim=False, *, correction=None):
-    return self.var(dim, keepdim, correction=correction), self.mean(dim, keepdim)
+    return _sqrt0(self.var(dim, keepdim, correction=correction, unbiased=unbiased))
+  def var_mean(self, dim=None, keepdim=False, *, correction=None, unbiased=None):
+    return self._var_mean(dim, keepdim, correction, unbiased)
+  def std_mean(self, dim=None, keepdim=False, *, correction=None, unbiased=None):
+    v, m = self._var_mean(dim, keepdim, correction, unbiased)
+    return _sqrt0(v), m
   def _arg(self, op: str, dim, keepdim: bool, name: str) -> "Tensor":
     self._check_nonempty(name, dim)
     x = self
@@ -719,10 +743,12 @@ class Tensor:
     out = (x - m).exp().sum(dim, keepdim=True).log() + m
     return out if keepdim else out.squeeze(_norm_dims(dim, self.ndim))
   def softmax(self, dim: int = -1, dtype=None):
+    _check_softmax_dim(dim, "softmax")
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
     e = (x - x._reduce("MAX", dim, True).detach()).exp()
     return e / e.sum(dim, keepdim=True)
   def log_softmax(self, dim: int = -1, dtype=None):
+    _check_softmax_dim(dim, "log_softmax")
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
     s = x - x._reduce("MAX", dim, True).detach()
     return s - s.exp().sum(dim, keepdim=True).log()
@@ -945,6 +971,8 @@ class Tensor:
       if k != d and a > b:
         raise RuntimeError(f"Size does not match at dimension {k} expected index {list(index.shape)} to be smaller "
                            f"than self {list(self.shape)} apart from dimension {d}")
+    index = _index_in_range(index, self.shape[d] if self.ndim else 1, RuntimeError,
+                            lambda v: f"index {v} is out of bounds for dimension {d} with size {self.shape[d] if self.ndim else 1}")
     idx = [index if k == d else arange(index.shape[k], device=self.device).reshape(
            *[index.shape[k] if j == k else 1 for j in range(self.ndim)]) for k in range(self.ndim)]
     return _advanced(self, list(enumerate(idx))) if self.ndim else self
@@ -952,6 +980,11 @@ class Tensor:
     d = _norm_dim(dim, self.ndim)
     if not isinstance(index, Tensor) or index.ndim > 1:
       raise IndexError(f"index_select(): Index is supposed to be a vector, got {getattr(index, 'shape', index)}")
+    if index.dtype.is_float or index.dtype.is_bool:
+      raise IndexError(f"index_select(): Expected dtype int32/int64 for index, got {index.dtype.name}")
+    n = self.shape[d] if self.ndim else 1
+    index = _index_in_range(index, n, IndexError, lambda v: f"index out of range in self (index {v}, dimension {d} "
+                                                              f"of size {n})")
     return self[(slice(None),) * d + (index.reshape(-1),)]
   def masked_fill(self, mask: "Tensor", value) -> "Tensor":
     if not isinstance(mask, Tensor) or not mask.dtype.is_bool:
@@ -1032,6 +1065,39 @@ def _check_sub(a, b) -> None:
                        "invert a mask, use the `~` or `logical_not()` operator instead.")
 
 
+def _check_softmax_dim(dim, name: str) -> None:
+  # None would reduce over every dim (a softmax over the whole tensor); PyTorch's methods refuse it
+  if dim is None or isinstance(dim, (tuple, list)):
+    raise TypeError(f"{name}(): argument 'dim' (position 1) must be int, not {type(dim).__name__}")
+
+
+def _sqrt0(v: Tensor) -> Tensor:
+  zero = v == 0    # PyTorch gives a constant's std a zero gradient, not 0 * inf
+  return where(zero, 0.0, where(zero, 1.0, v).sqrt())
+
+
+def _moments(x: Tensor, axes: tuple, correction=0) -> tuple:
+  """(mean, x - mean, variance) over axes, kept as size-1 dims, computed stably: the values are first shifted
+  by one of them per output (c), so the sums see deviations of the data's spread rather than its offset (a
+  float32 sum of 16384 values near 1000 is off by ~1e-3: the mean, and through it the variance and a
+  normalization, inherit that); then the variance is the mean of squared deviations from that mean (two
+  passes, never E[x^2] - E[x]^2). The shift's gradient cancels exactly (d/dc of c + mean(x - c) is 0), so
+  c is left out of the graph. Still one or two fused kernels: c is a strided read of x."""
+  n = prod(x.shape[a] for a in axes)
+  c = None
+  if n > 1:
+    c = x._shrink([(0, 1) if i in axes else (0, s) for i, s in enumerate(x.shape)]).detach()
+    x = x - c
+  # float32 and narrower sum in float64 where the device has it: a float32 accumulator walking thousands of
+  # values drifts by ~1e-6 relative (PyTorch's cascade sum does not)
+  acc = dt.float64 if x.dtype.itemsize <= 4 and dt.float64 in rd.get(x.device).supported else x.dtype
+  md = (x._cast(acc).sum(axes, keepdim=True) / n)._cast(x.dtype) if n else x.sum(axes, keepdim=True) * float("nan")
+  dev = x - md
+  d64 = dev._cast(acc)
+  var = ((d64 * d64).sum(axes, keepdim=True) / builtins.max(n - correction, 0))._cast(x.dtype)
+  return (md + c if c is not None else md), dev, var
+
+
 def _as_bool(o, like: Tensor) -> Tensor:
   return like._operand(o, dt.bool_) if not isinstance(o, Tensor) else o._cast(dt.bool_)
 
@@ -1046,6 +1112,19 @@ def _windows(x: Tensor, n: int) -> Tensor:
   v = View((outer, L, n), (x.shape[-1], 1, 1), 0, None)
   node = gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device)
   return flat._prim("WINDOW", n, node).reshape(*lead, L, n)
+
+
+def _index_in_range(idx: Tensor, n: int, exc: type, message) -> Tensor:
+  """Indices that must lie in [0, n), negative ones included (embedding, index_select, gather refuse -1 where x[i]
+  wraps it). Values that exist already (a buffer, a constant, a realized tensor) are checked here and refused as
+  PyTorch does; a lazy index cannot be checked without running it, so its out-of-range values are sent out of range
+  of the data (n), where the gather reads 0: never another element's memory."""
+  if idx.node.realized or idx.node.op in ("BUFFER", "CONST"):
+    vals = idx.numpy()
+    if vals.size and (vals.min() < 0 or vals.max() >= n):
+      raise exc(message(int(vals.min()) if vals.min() < 0 else int(vals.max())))
+    return idx
+  return where((idx < 0) | (idx >= n), n, idx)
 
 
 def _take_rows(w: Tensor, idx: Tensor) -> Tensor:
@@ -1108,16 +1187,48 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
       raise ValueError(f"could not build a tensor from {type(data).__name__}: {e}") from None
     except TypeError as e:
       raise TypeError(f"could not build a tensor from {type(data).__name__}: {e}") from None
-    if arr.dtype == object: raise ValueError(f"could not build a tensor from {data!r}: ragged or non-numeric data")
+    if arr.dtype == object or arr.dtype == np.uint64:   # Python ints past int64 (numpy made them uint64 or objects)
+      arr = _big_ints(data, arr, d)
     # Python floats: default dtype (numpy float scalars keep theirs, as in torch.tensor)
     if arr.dtype.kind == "f" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.float32)
     if arr.dtype.kind in "iu" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.int64)
   if arr.dtype.kind not in "biuf": raise TypeError(f"unsupported numpy dtype {arr.dtype} for a tensor")
+  if d is not None and not isinstance(data, np.ndarray): _check_fits(arr, d)   # PyTorch checks Python numbers only
   if d is not None and d != dt.bfloat16:
     with np.errstate(all="ignore"): arr = arr.astype(d.np)
   elif d is None:
     dt.from_numpy(arr.dtype)   # raises a clear error for uint16 and friends
   return arr
+
+
+def _big_ints(data, arr: np.ndarray, d: DType | None) -> np.ndarray:
+  """Python ints outside int64: a float (or bool) tensor takes them, an integer one cannot (PyTorch's ValueError);
+  anything else that numpy made an object array is ragged or not numeric."""
+  flat = arr.reshape(-1) if arr.dtype == np.uint64 else None
+  if flat is None:
+    try:
+      flat = np.array(data, dtype=np.float64).reshape(-1)
+    except (ValueError, TypeError, OverflowError):
+      raise ValueError(f"could not build a tensor from {data!r}: ragged or non-numeric data") from None
+  has_float = arr.dtype == object and builtins.any(isinstance(v, (float, np.floating)) for v in arr.reshape(-1))
+  if d is not None and (d.is_float or d.is_bool) or d is None and has_float: return np.array(data, dtype=np.float64)
+  raise ValueError(f"Overflow when unpacking long long: an integer outside the int64 range [-2**63, 2**63 - 1] "
+                   f"cannot make a tensor of dtype {'int64' if d is None else d.name}")
+
+
+def _check_fits(arr: np.ndarray, d: DType) -> None:
+  """PyTorch refuses Python numbers an integer dtype cannot hold (c10::overflows): an integer outside [min, max]
+  (for an unsigned type [-max, max]: -1 wraps to 255 as in C), a float outside [min, max], NaN or inf."""
+  if not d.is_int or arr.size == 0 or arr.dtype.kind == "b": return
+  info = np.iinfo(d.np)
+  if arr.dtype.kind == "f":
+    hi = float(info.max) if info.bits < 64 else float(np.nextafter(2.0 ** 63, 0))
+    with np.errstate(invalid="ignore"): bad = ~((arr >= float(info.min)) & (arr <= hi))
+  else:
+    lo = -int(info.max) if d.is_unsigned else int(info.min)
+    bad = (arr < lo) | (arr > int(info.max))
+  if bad.any():
+    raise RuntimeError(f"value cannot be converted to type {d.name} without overflow (got {arr[bad].reshape(-1)[0]!r})")
 
 
 def _host_bits(arr: np.ndarray, d: DType) -> np.ndarray:
@@ -1288,17 +1399,23 @@ def _advanced(y: Tensor, adv: list) -> Tensor:
   for d in reversed(range(y.ndim)):
     strides[d] = acc
     acc *= y.shape[d]
-  flat = None
+  flat, ok = None, None
   for p, t in zip(positions, idx):
+    lazy = not (t.node.realized or t.node.op in ("BUFFER", "CONST"))   # unchecked above
     t = t._cast(dt.int64)
     t = where(t < 0, t + y.shape[p], t)
     t = t._broadcast_to(bshape).reshape((1,) * nb + bshape + (1,) * len(after))
+    if lazy:
+      inside = (t >= 0) & (t < y.shape[p])
+      ok = inside if ok is None else ok & inside
     term = t * strides[p]
     flat = term if flat is None else flat + term
   for d in rest:
     _, pos = place_rest(d)
     r = arange(y.shape[d], device=y.device).reshape(*[y.shape[d] if k == pos else 1 for k in range(len(out_shape))])
     flat = flat + r * strides[d]
+  if ok is not None:   # an out-of-range lazy index reads 0 (position -1) rather than a neighbouring row's element
+    flat = where(ok, flat, -1)
   flat = flat._broadcast_to(out_shape)
   data = y.contiguous()
   return data._prim("GATHER", None, gn.gather(data.node, flat.node), data, flat)
@@ -1318,6 +1435,10 @@ def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False)
   if any(s < 0 for s in size): raise RuntimeError(f"Trying to create tensor with negative dimension: {list(size)}")
   d = dt.to_dtype(dtype) if dtype is not None else _result_type(fill_value)
   _check_device_dtype(_dev(device), d)
+  if _is_scalar(fill_value) and not isinstance(fill_value, (bool, np.bool_)) and (d.is_int or dtype is None):
+    if not isinstance(fill_value, (float, np.floating)) and not -2 ** 63 <= int(fill_value) < 2 ** 63:
+      raise ValueError(f"Overflow when unpacking long long: fill value {fill_value} is outside the int64 range")
+    _check_fits(np.array([fill_value]), d)
   return Tensor(_node=gn.const(fill_value, d, size, _dev(device)), requires_grad=requires_grad)
 
 
@@ -1587,21 +1708,74 @@ Tensor.movedim = _movedim
 Tensor.moveaxis = _movedim
 
 
-def _argsort(self: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
-  """Rank by counting (O(n^2) compares, fully fused): fine for the small sizes it serves."""
-  d = _norm_dim(dim, self.ndim)
-  x = self.transpose(d, -1)
+def _before(a: Tensor, b: Tensor, descending: bool) -> Tensor:
+  """Does b sort before a? PyTorch's order: NaN is greater than everything (last ascending, first descending)."""
+  lt = (a < b) if descending else (b < a)
+  if not a.dtype.is_float: return lt
+  na, nb = a.isnan(), b.isnan()
+  return (lt | (nb & na.logical_not())) if descending else (lt | (na & nb.logical_not()))
+
+
+def _sort_perm(x: Tensor, descending: bool) -> Tensor:
+  """The stable sorting permutation along the last dim, by counting (O(n^2) compares, fully fused):
+  rank[i] = #{j : x[j] sorts before x[i]} + #{j < i : x[j] ties x[i]}, then the inverse permutation."""
   n = x.shape[-1]
   a = x.unsqueeze(-1)      # [..., i, 1]
   b = x.unsqueeze(-2)      # [..., 1, j]
-  i = arange(n, device=self.device)
-  before = (b > a) if descending else (b < a)
-  tie = (b == a) & (i.reshape(1, n) < i.reshape(n, 1))
-  rank = (before | tie).sum(-1)     # rank of element i
-  # invert the permutation: position r holds the i whose rank is r
-  onehot = rank.unsqueeze(-1) == i   # [..., i, r]
-  perm = (onehot._cast(dt.int64) * i.reshape(n, 1)).sum(-2)
-  return perm.transpose(d, -1)
+  i = arange(n, device=x.device)
+  eq = (b == a) | (b.isnan() & a.isnan()) if x.dtype.is_float else (b == a)   # -0.0 ties 0.0, NaN ties NaN
+  tie = eq & (i.reshape(1, n) < i.reshape(n, 1))
+  rank = (_before(a, b, descending) | tie).sum(-1)     # rank of element i
+  onehot = rank.unsqueeze(-1) == i   # [..., i, r]: position r holds the i whose rank is r
+  return (onehot._cast(dt.int64) * i.reshape(n, 1)).sum(-2)
+
+
+def _argsort(self: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+  """Always stable (equal values keep their order); NaN sorts as the largest value, as in PyTorch."""
+  d = _norm_dim(dim, self.ndim)
+  if self.ndim == 0: return Tensor(_node=gn.const(0, dt.int64, (), self.device))
+  return _sort_perm(self.transpose(d, -1), descending).transpose(d, -1)
+
+
+ReturnSort = namedtuple("sort", ["values", "indices"])
+ReturnTopk = namedtuple("topk", ["values", "indices"])
+ReturnKth = namedtuple("kthvalue", ["values", "indices"])
+
+
+def _sort(self: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+  idx = _argsort(self, dim, descending)
+  return ReturnSort(self.gather(_norm_dim(dim, self.ndim), idx) if self.ndim else self, idx)
+
+
+def _msort(self: Tensor) -> Tensor: return _sort(self, 0).values
+
+
+def _topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+  """The k largest (smallest) along dim, sorted; NaN counts as the largest value, as in PyTorch."""
+  d = _norm_dim(dim, self.ndim)
+  n = self.shape[d] if self.ndim else 1
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)): raise TypeError(f"topk(): k must be an int, got {type(k).__name__}")
+  if not 0 <= k <= n: raise RuntimeError(f"selected index k out of range (k={k}, dimension {d} has size {n})")
+  vals, idx = _sort(self, d, descending=largest)
+  if self.ndim == 0: return ReturnTopk(vals, idx)
+  return ReturnTopk(vals.narrow(d, 0, k), idx.narrow(d, 0, k))
+
+
+def _kthvalue(self: Tensor, k: int, dim: int = -1, keepdim: bool = False):
+  """The k-th smallest value (1-based) along dim and its index; NaN counts as the largest value."""
+  d = _norm_dim(dim, self.ndim)
+  n = self.shape[d] if self.ndim else 1
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+    raise TypeError(f"kthvalue(): k must be an int, got {type(k).__name__}")
+  if not 1 <= k <= n: raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {d} (k={k}, size {n})")
+  vals, idx = _sort(self, d)
+  if self.ndim == 0: return ReturnKth(vals, idx)
+  v, i = vals.narrow(d, k - 1, 1), idx.narrow(d, k - 1, 1)
+  return ReturnKth(v, i) if keepdim else ReturnKth(v.squeeze(d), i.squeeze(d))
 
 
 Tensor.argsort = _argsort
+Tensor.sort = _sort
+Tensor.msort = _msort
+Tensor.topk = _topk
+Tensor.kthvalue = _kthvalue

@@ -9,10 +9,11 @@ sums the kernel's offsets back onto the input.
 from __future__ import annotations
 import builtins
 import math
+import warnings
 import numpy as np
 import fusegrad as fg
 from fusegrad import dtype as dt
-from fusegrad.tensor import Tensor, _take_rows, _unfold, where
+from fusegrad.tensor import Tensor, _index_in_range, _moments, _take_rows, _unfold, where
 
 # ---- activations (the Tensor methods, as functions) ----------------------------------------------------------
 
@@ -32,8 +33,16 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
 def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor: return input.hardsigmoid()
 def hardswish(input: Tensor, inplace: bool = False) -> Tensor: return input.hardswish()
 def logsigmoid(input: Tensor) -> Tensor: return -(-input).softplus()
-def softmax(input: Tensor, dim: int = -1, dtype=None) -> Tensor: return input.softmax(dim, dtype=dtype)
-def log_softmax(input: Tensor, dim: int = -1, dtype=None) -> Tensor: return input.log_softmax(dim, dtype=dtype)
+def _softmax_dim(input: Tensor, dim, name: str) -> int:
+  """PyTorch 2.x: no dim picks one from the rank (0 for 0-, 1- and 3-D input, else 1) with a deprecation warning."""
+  if dim is not None: return dim
+  warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X as an "
+                f"argument.", UserWarning, stacklevel=3)
+  return 0 if input.ndim in (0, 1, 3) else 1
+def softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+  return input.softmax(_softmax_dim(input, dim, "softmax"), dtype=dtype)
+def log_softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+  return input.log_softmax(_softmax_dim(input, dim, "log_softmax"), dtype=dtype)
 def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
   return input.pad(pad, 0.0 if value is None else value, mode)
 
@@ -308,8 +317,7 @@ def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None,
   if training:
     n = input.numel() // C
     if n <= 1: raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(input.shape)}")
-    mean = input.mean(axes, keepdim=True)
-    var = (input - mean).square().mean(axes, keepdim=True)
+    mean, xc, var = _moments(input, axes)   # shifted two-pass statistics (tensor._moments says why)
     if running_mean is not None:
       with fg.no_grad():
         running_mean._assign(((1 - momentum) * running_mean + momentum * mean.detach().reshape(C))._cast(running_mean.dtype))
@@ -321,7 +329,8 @@ def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None,
     if running_mean is None or running_var is None:
       raise RuntimeError("batch_norm in eval mode needs running_mean and running_var")
     mean, var = running_mean.reshape(shp), running_var.reshape(shp)
-  y = (input - mean) * (var + eps).rsqrt()
+    xc = input - mean
+  y = xc * (var + eps).rsqrt()
   if weight is not None: y = y * weight.reshape(shp)
   if bias is not None: y = y + bias.reshape(shp)
   return y
@@ -337,10 +346,9 @@ def _check_normalized_shape(input: Tensor, normalized_shape, name: str) -> tuple
 
 def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
   ns = _check_normalized_shape(input, normalized_shape, "layer_norm")
-  axes = tuple(range(-len(ns), 0))
-  mean = input.mean(axes, keepdim=True)
-  xc = input - mean
-  y = xc * (xc.square().mean(axes, keepdim=True) + eps).rsqrt()
+  axes = tuple(range(input.ndim - len(ns), input.ndim))
+  _, xc, var = _moments(input, axes)
+  y = xc * (var + eps).rsqrt()
   if weight is not None: y = y * weight
   if bias is not None: y = y + bias
   return y
@@ -362,9 +370,8 @@ def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: floa
     raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got input of shape "
                        f"{list(input.shape)} and num_groups={num_groups}")
   x = input.reshape(N, num_groups, -1)
-  mean = x.mean(-1, keepdim=True)
-  xc = x - mean
-  y = (xc * (xc.square().mean(-1, keepdim=True) + eps).rsqrt()).reshape(input.shape)
+  _, xc, var = _moments(x, (2,))
+  y = (xc * (var + eps).rsqrt()).reshape(input.shape)
   shp = _affine_shape(input, C)
   if weight is not None: y = y * weight.reshape(shp)
   if bias is not None: y = y + bias.reshape(shp)
@@ -381,6 +388,11 @@ def _check_index(t: Tensor, name: str) -> None:
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
   _check_index(input, "embedding")
+  if not isinstance(weight, Tensor) or weight.ndim != 2:
+    raise RuntimeError(f"embedding: weight must be a 2-D tensor, got {getattr(weight, 'shape', type(weight).__name__)}")
+  # negative indices do not wrap here (PyTorch refuses them); a lazy out-of-range index gives a zero row
+  input = _index_in_range(input, weight.shape[0], IndexError,
+                          lambda v: f"index out of range in self (index {v}, {weight.shape[0]} embeddings)")
   out = _take_rows(weight, input)
   if padding_idx is not None:   # that row gets no gradient
     if padding_idx < 0: padding_idx += weight.shape[0]
