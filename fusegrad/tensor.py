@@ -57,7 +57,18 @@ def _shape_arg(shape) -> tuple:
     if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
       raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
     out.append(int(s))
+  _check_numel(out)
   return tuple(out)
+
+
+def _check_numel(shape) -> None:
+  """Element counts (and byte offsets) are int64 in kernels and PyTorch: a shape past that is refused here, not
+  wrapped or failed on in numpy later."""
+  n = 1
+  for s in shape:
+    if s > 0: n *= s
+  if n >= 1 << 63:
+    raise RuntimeError(f"Storage size calculation overflowed with sizes={list(shape)} (more than 2**63 - 1 elements)")
 
 
 def broadcast_shapes(*shapes) -> tuple:
@@ -75,6 +86,7 @@ def broadcast_shapes(*shapes) -> tuple:
                              f"dimension {i} (shapes {tuple(shapes[0])} and {tuple(shapes[1]) if len(shapes) > 1 else ()})")
         size = d
     out.append(size)
+  _check_numel(out)
   return tuple(out)
 
 
@@ -677,6 +689,9 @@ class Tensor:
     if dim is None: return self._reduce("MIN", None, False)
     return self._min_max_dim("MIN", dim, keepdim)
   def _min_max_dim(self, op: str, dim, keepdim: bool):
+    if self.ndim == 0:
+      _norm_dim(dim, 0)
+      return ReturnMinMax(self, Tensor(_node=gn.const(0, dt.int64, (), self.device)))
     idx = self.argmax(dim, True) if op == "MAX" else self.argmin(dim, True)
     if not self.requires_grad or not autograd.grad_enabled():
       vals = self._reduce(op, dim, keepdim)
@@ -717,6 +732,9 @@ class Tensor:
     return _sqrt0(v), m
   def _arg(self, op: str, dim, keepdim: bool, name: str) -> "Tensor":
     self._check_nonempty(name, dim)
+    if self.ndim == 0:   # a 0-d tensor takes dim 0 or -1, as in PyTorch: its one element is at index 0
+      if dim is not None: _norm_dim(dim, 0)
+      return Tensor(_node=gn.const(0, dt.int64, (), self.device))
     x = self
     if dim is None: x, dim, keepdim_shape = self.reshape(-1), 0, (1,) * self.ndim
     d = _norm_dim(dim, x.ndim)
@@ -753,7 +771,7 @@ class Tensor:
     s = x - x._reduce("MAX", dim, True).detach()
     return s - s.exp().sum(dim, keepdim=True).log()
   def cumsum(self, dim: int, dtype=None):
-    d = _norm_dim(dim, self.ndim) if self.ndim else 0
+    d = _norm_dim(dim, self.ndim)   # a 0-d tensor takes dim 0 or -1
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else \
         self._cast(dt.int64) if (self.dtype.is_int or self.dtype.is_bool) else self
     if self.ndim == 0: return x
@@ -764,6 +782,7 @@ class Tensor:
     return w.sum(-1).transpose(d, -1)
   def cumprod(self, dim: int):
     d = _norm_dim(dim, self.ndim)
+    if self.ndim == 0: return self
     n = self.shape[d]
     x = self.transpose(d, -1)
     w = _windows(x.pad((n - 1, 0), value=1), n)
@@ -1600,7 +1619,12 @@ def randperm(n: int, device=None, dtype=None) -> Tensor:
 # ---- joining and contracting ---------------------------------------------------------------------------------
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+  if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)) and not hasattr(tensors, "__iter__"):
+    raise TypeError(f"cat() argument 'tensors' (position 1) must be tuple of Tensors, not {type(tensors).__name__}")
   tensors = [t for t in tensors]
+  for i, t in enumerate(tensors):
+    if not isinstance(t, Tensor):
+      raise TypeError(f"expected Tensor as element {i} in argument 0, but got {type(t).__name__}")
   if not tensors: raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
   # PyTorch skips 1-D empty tensors in cat
   ref = next((t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)), tensors[0])
@@ -1629,7 +1653,12 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+  if isinstance(tensors, Tensor):
+    raise TypeError("stack(): argument 'tensors' (position 1) must be tuple of Tensors, not Tensor")
   tensors = list(tensors)
+  for i, t in enumerate(tensors):
+    if not isinstance(t, Tensor):
+      raise TypeError(f"expected Tensor as element {i} in argument 0, but got {type(t).__name__}")
   if not tensors: raise RuntimeError("stack expects a non-empty TensorList")
   for i, t in enumerate(tensors):
     if t.shape != tensors[0].shape:

@@ -237,3 +237,179 @@ def test_norm_gradients_shifted_data(rng):
   (F.batch_norm(x, None, None, training=True) * fg.tensor(w.astype(np.float32))).sum().backward()
   (torch.nn.functional.batch_norm(t64, None, None, training=True) * torch.from_numpy(w)).sum().backward()
   np.testing.assert_allclose(x.grad.numpy(), t64.grad.numpy(), rtol=1e-3, atol=2e-5)
+
+
+# ---- inputs PyTorch refuses ------------------------------------------------------------------------------------
+
+def test_embedding_refuses_negative_and_out_of_range_indices(device):
+  w = fg.arange(6., device=device).reshape(3, 2)
+  for bad in ([-1], [3], [0, 5]):
+    with pytest.raises(IndexError, match="index out of range in self"):
+      F.embedding(fg.tensor(bad, device=device), w)
+    with pytest.raises(IndexError, match="index out of range in self"):
+      torch.nn.functional.embedding(torch.tensor(bad), torch.zeros(3, 2))
+  # a lazy index cannot be checked without running it: out of range reads a zero row, never another row
+  lazy = (fg.tensor([0, 1, 5, 2, -2], device=device) + 1) - 1
+  np.testing.assert_array_equal(F.embedding(lazy, w).numpy(), [[0, 1], [2, 3], [0, 0], [4, 5], [0, 0]])
+
+
+def test_gather_index_select_refuse_negative_indices(device):
+  x = fg.arange(6., device=device).reshape(3, 2)
+  with pytest.raises(RuntimeError, match="index -1 is out of bounds for dimension 1 with size 2"):
+    x.gather(1, fg.tensor([[0], [-1], [1]], device=device))
+  with pytest.raises(IndexError, match="index out of range in self"):
+    x.index_select(0, fg.tensor([0, -1], device=device))
+  with pytest.raises(IndexError, match="index out of range in self"):
+    x.index_select(0, fg.tensor([3], device=device))
+  # lazy indices out of range (either side) read 0, not the neighbouring row's elements
+  lazy = lambda v: (fg.tensor(v, device=device) + 1) - 1
+  np.testing.assert_array_equal(x.gather(1, lazy([[0, 1], [2, 0], [1, -1]])).numpy(), [[0, 1], [0, 2], [5, 0]])
+  np.testing.assert_array_equal(x.index_select(0, lazy([2, 3, -1])).numpy(), [[4, 5], [0, 0], [0, 0]])
+  np.testing.assert_array_equal(x[lazy([0, 3, -1, -4])].numpy(), [[0, 1], [0, 0], [4, 5], [0, 0]])   # x[i] wraps -1
+  np.testing.assert_array_equal(x[lazy([0, 1, 2]), lazy([1, 2, -1])].numpy(), [1, 0, 5])
+
+
+def test_softmax_dim_none():
+  x = fg.tensor([[1., 2.], [3., 5.]])
+  with pytest.raises(TypeError, match="argument 'dim'.*must be int, not NoneType"): x.softmax(None)
+  with pytest.raises(TypeError, match="argument 'dim'.*must be int, not NoneType"): x.log_softmax(None)
+  a = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
+  for arr in (a, a[0], a[0, 0], np.arange(48, dtype=np.float32).reshape(2, 3, 2, 4) / 9):
+    with pytest.warns(UserWarning, match="Implicit dimension choice for softmax"):
+      got = F.softmax(fg.tensor(arr))
+    with pytest.warns(UserWarning):
+      want = torch.nn.functional.softmax(torch.from_numpy(arr))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    with pytest.warns(UserWarning, match="log_softmax"):
+      got = F.log_softmax(fg.tensor(arr))
+    with pytest.warns(UserWarning):
+      want = torch.nn.functional.log_softmax(torch.from_numpy(arr))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("data,dtype", [([300], "uint8"), ([-256], "uint8"), ([-129], "int8"), ([128], "int8"),
+                                        ([2 ** 31], "int32"), ([2.5e9], "int32"), ([-0.5], "uint8"),
+                                        ([float("nan")], "int32"), ([float("inf")], "int64"), (200, "int8")])
+def test_tensor_refuses_values_out_of_integer_range(data, dtype):
+  with pytest.raises(RuntimeError, match=f"value cannot be converted to type {dtype} without overflow"):
+    torch.tensor(data, dtype=getattr(torch, dtype))
+  with pytest.raises(RuntimeError, match=f"value cannot be converted to type {dtype} without overflow"):
+    fg.tensor(data, dtype=getattr(fg, dtype))
+
+
+def test_tensor_integer_range_edges_like_torch():
+  for data, dtype in (([-1], "uint8"), ([-255, 255], "uint8"), ([-128, 127], "int8"), ([2 ** 63 - 1], "int64"),
+                      ([255.0, 0.0], "uint8"), ([300, 2], "bool")):
+    np.testing.assert_array_equal(fg.tensor(data, dtype=getattr(fg, dtype)).numpy(),
+                                  torch.tensor(data, dtype=getattr(torch, dtype)).numpy())
+  # numpy arrays convert as numpy does (torch does not check them either)
+  np.testing.assert_array_equal(fg.tensor(np.array([300]), dtype=fg.uint8).numpy(), [44])
+  with pytest.raises(RuntimeError, match="int8 without overflow"): fg.full((2,), 200, dtype=fg.int8)
+
+
+@pytest.mark.parametrize("data", [[2 ** 63], 2 ** 63, [-2 ** 63 - 1], [[1, 2 ** 64]]])
+def test_tensor_refuses_ints_past_int64(data):
+  with pytest.raises(ValueError, match="Overflow when unpacking long"): torch.tensor(data)
+  with pytest.raises(ValueError, match="Overflow when unpacking long"): fg.tensor(data)
+  with pytest.raises(ValueError, match="Overflow when unpacking long"): fg.tensor(data, dtype=fg.int64)
+
+
+def test_tensor_big_ints_as_float():
+  for data in ([2 ** 70, 1.5], [2 ** 63]):
+    kw = {} if any(isinstance(v, float) for v in data) else {"dtype": "float32"}
+    got = fg.tensor(data, **({"dtype": fg.float32} if kw else {}))
+    want = torch.tensor(data, **({"dtype": torch.float32} if kw else {}))
+    assert got.dtype == fg.float32
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+  with pytest.raises(ValueError, match="could not build a tensor"): fg.tensor([[1], [1, 2]])
+
+
+@pytest.mark.parametrize("make", [lambda: fg.zeros(2 ** 40, 2 ** 40), lambda: fg.ones(2 ** 62, 4),
+                                  lambda: fg.randn(2 ** 32, 2 ** 32), lambda: fg.zeros(1, 1).expand(2 ** 40, 2 ** 40),
+                                  lambda: fg.zeros(2 ** 40, 1) + fg.zeros(1, 2 ** 40)])
+def test_element_count_past_int64_refused(make):
+  with pytest.raises(RuntimeError, match="Storage size calculation overflowed with sizes="): make()
+
+
+# ---- clear errors for wrong types, 0-d reductions ------------------------------------------------------------
+
+def test_cat_stack_refuse_non_tensors():
+  with pytest.raises(TypeError, match="expected Tensor as element 1 in argument 0, but got list"):
+    torch.cat([torch.ones(2), [1, 2]])
+  with pytest.raises(TypeError, match="expected Tensor as element 1 in argument 0, but got list"):
+    fg.cat([fg.ones(2), [1, 2]])
+  with pytest.raises(TypeError, match="expected Tensor as element 0 in argument 0, but got int"):
+    fg.stack([3, fg.ones(2)])
+
+
+def test_layers_name_a_non_tensor_input():
+  with pytest.raises(TypeError, match="linear.*'input'.*must be Tensor, not str"): fg.nn.Linear(2, 3)("abc")
+  with pytest.raises(TypeError, match="conv2d.*must be Tensor, not list"): fg.nn.Conv2d(1, 1, 3)([[1.0]])
+  with pytest.raises(TypeError, match="layer_norm.*must be Tensor, not str"): fg.nn.LayerNorm(3)("abc")
+  with pytest.raises(TypeError, match="mse_loss.*must be Tensor, not float"): F.mse_loss(1.0, fg.ones(2))
+
+
+@pytest.mark.parametrize("name", ["sum", "prod", "mean", "amax", "amin", "argmax", "argmin", "any", "all",
+                                  "logsumexp", "softmax", "log_softmax", "cumsum", "cumprod", "argsort", "std"])
+def test_zero_dim_reductions_take_dim_0_and_minus_1(name):
+  x, tx = fg.tensor(3.), torch.tensor(3.)
+  for d in (0, -1):
+    got, want = getattr(x, name)(d), getattr(tx, name)(d)
+    assert got.shape == tuple(want.shape)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+  with pytest.raises(IndexError, match="Dimension out of range"): getattr(x, name)(1)
+  with pytest.raises(IndexError): getattr(tx, name)(1)
+
+
+def test_zero_dim_max_min_topk_kthvalue():
+  x = fg.tensor(3.)
+  for f in (lambda t: t.max(0), lambda t: t.min(-1), lambda t: t.topk(1, 0), lambda t: t.kthvalue(1, 0),
+            lambda t: t.sort(0)):
+    (v, i), (tv, ti) = f(x), f(torch.tensor(3.))
+    assert v.item() == tv.item() and i.item() == ti.item() == 0 and i.shape == () and i.dtype == fg.int64
+
+
+# ---- state files and optimizer state ---------------------------------------------------------------------------
+
+def test_optimizer_state_of_wrong_shape_refused():
+  w = fg.zeros(3, 2, requires_grad=True)
+  opt = fg.optim.Adam([w], lr=0.1)
+  w.grad = fg.ones(3, 2)
+  opt.step()
+  sd = opt.state_dict()
+  sd["state"][0]["exp_avg"] = fg.zeros(1)     # would broadcast in the update
+  with pytest.raises(ValueError, match=r"'exp_avg' of shape \[1\] for parameter 0 of shape \[3, 2\]"):
+    fg.optim.Adam([fg.zeros(3, 2, requires_grad=True)]).load_state_dict(sd)
+  sd["state"][0]["exp_avg"] = np.zeros((2, 3), np.float32)
+  with pytest.raises(ValueError, match=r"'exp_avg' of shape \[2, 3\]"):
+    fg.optim.Adam([fg.zeros(3, 2, requires_grad=True)]).load_state_dict(sd)
+
+
+def test_state_load_nesting_bound(tmp_path):
+  from fusegrad.nn import state
+  deep = cur = []
+  for _ in range(state.MAX_DEPTH + 5):
+    cur.append([]); cur = cur[0]
+  with pytest.raises(ValueError, match="nested deeper than"): state.save(deep, tmp_path / "a.safetensors")
+  # a file written by someone else with a deeply nested structure: a clear StateFileError, not a RecursionError
+  import safetensors.numpy
+  for depth in (state.MAX_DEPTH + 5, 100_000):
+    text = '{"format": "fusegrad.state/1", "tree": ' + '{"l": [' * depth + '{"l": []}' + ']}' * depth + '}'
+    p = tmp_path / f"deep{depth}.safetensors"
+    safetensors.numpy.save_file({"x": np.zeros(1, np.float32)}, str(p), metadata={state.STATE_KEY: text})
+    with pytest.raises(state.StateFileError, match="nested deeper than"): state.load(p)
+  ok = [[[1, {"a": (2, 3)}]]]
+  state.save(ok, tmp_path / "ok.safetensors")
+  assert state.load(tmp_path / "ok.safetensors") == ok
+
+
+def test_state_bool_bytes_other_than_0_1_refused(tmp_path):
+  import safetensors.numpy
+  from fusegrad.nn import state
+  p = tmp_path / "b.safetensors"
+  safetensors.numpy.save_file({"good": np.array([True, False]), "mask": np.array([0, 1, 7], np.uint8).view(np.bool_)},
+                              str(p))
+  with pytest.raises(state.StateFileError, match="tensor 'mask': BOOL data holds byte 7 at element 2"):
+    state.load_file(p)
+  safetensors.numpy.save_file({"good": np.array([True, False, True])}, str(p))
+  np.testing.assert_array_equal(state.load_file(p)["good"].numpy(), [True, False, True])

@@ -54,7 +54,14 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -
 
 # ---- linear and convolution ------------------------------------------------------------------------------------
 
+def _check_tensor(x, name: str, arg: str = "input") -> None:
+  if not isinstance(x, Tensor):
+    raise TypeError(f"{name}(): argument '{arg}' must be Tensor, not {type(x).__name__}")
+
+
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+  _check_tensor(input, "linear")
+  _check_tensor(weight, "linear", "weight")
   if input.shape[-1:] != weight.shape[-1:]:
     raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, input.shape))} and "
                        f"{'x'.join(map(str, weight.shape[::-1]))})")
@@ -74,6 +81,7 @@ def _tuple(v, n: int, name: str) -> tuple:
 
 def _batched(input: Tensor, nd: int, name: str) -> tuple[Tensor, bool]:
   """Accept [N, C, *spatial] or unbatched [C, *spatial] like PyTorch; returns the batched view."""
+  _check_tensor(input, name)
   if input.ndim == nd + 1: return input.unsqueeze(0), True
   if input.ndim != nd + 2:
     raise RuntimeError(f"{name}: Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input, but got input of "
@@ -306,6 +314,7 @@ def _affine_shape(x: Tensor, c: int) -> tuple: return (1, c) + (1,) * (x.ndim - 
 
 def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+  _check_tensor(input, "batch_norm")
   if input.ndim < 2:
     raise ValueError(f"batch_norm: expected 2D or more input (N, C, ...), got input of size {list(input.shape)}")
   C = input.shape[1]
@@ -337,6 +346,7 @@ def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None,
 
 
 def _check_normalized_shape(input: Tensor, normalized_shape, name: str) -> tuple:
+  _check_tensor(input, name)
   ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
   if len(ns) == 0 or tuple(input.shape[-len(ns):]) != ns or input.ndim < len(ns):
     raise RuntimeError(f"{name}: Given normalized_shape={list(ns)}, expected input with shape [*, "
@@ -364,6 +374,7 @@ def rms_norm(input: Tensor, normalized_shape, weight=None, eps: float | None = N
 
 
 def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+  _check_tensor(input, "group_norm")
   if input.ndim < 2: raise RuntimeError(f"group_norm: expected at least 2D input, got {list(input.shape)}")
   N, C = input.shape[:2]
   if num_groups <= 0 or C % num_groups:
@@ -459,6 +470,7 @@ def _reduce(loss: Tensor, reduction: str) -> Tensor:
 
 
 def _check_same(input: Tensor, target: Tensor, name: str) -> tuple[Tensor, Tensor]:
+  _check_tensor(input, name)
   if not isinstance(target, Tensor): raise TypeError(f"{name}: target must be a Tensor, got {type(target).__name__}")
   if input.shape != target.shape: fg.broadcast_shapes(input.shape, target.shape)   # raises naming both shapes
   return input, target
