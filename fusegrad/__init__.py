@@ -35,9 +35,9 @@ for _name in ("neg exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan ta
               "sigmoid floor ceil round trunc frac isnan isinf isfinite logical_not bitwise_not add sub mul div "
               "true_divide floor_divide remainder fmod pow maximum minimum fmax fmin eq ne lt le gt ge logical_and "
               "logical_or logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift clamp "
-              "clip lerp sum prod max min amax amin mean var std argmax argmin any all logsumexp softmax log_softmax "
+              "clip lerp sum prod max min amax amin mean var std var_mean std_mean argmax argmin any all logsumexp softmax log_softmax "
               "cumsum cumprod reshape permute transpose swapaxes squeeze unsqueeze flatten unflatten flip narrow split "
-              "chunk unbind select tile tril triu matmul mm bmm dot outer movedim moveaxis argsort square numel "
+              "chunk unbind select tile tril triu matmul mm bmm dot outer movedim moveaxis argsort sort msort topk kthvalue square numel "
               "addcmul addcdiv").split():
   globals()[_name] = _method_function(_name)
 del _name

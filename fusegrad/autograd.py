@@ -100,7 +100,9 @@ def _alu_rule(op, inputs, out, g):
   if op == "SIN": return (g * a.cos(),)
   if op == "COS": return (-g * a.sin(),)
   if op == "TAN": return (g * (1 + out * out),)
-  if op == "TANH": return (g * (1 - out * out),)
+  if op == "TANH":   # sech^2 from exp(-2|x|): 1 - out^2 cancels to 0 past |x| = 9 (float32) and loses digits before
+    e = (a.abs() * -2).exp()
+    return (g * (4 * e / ((1 + e) * (1 + e))),)
   if op == "ERF": return (g * (2 / math.sqrt(math.pi)) * (-(a * a)).exp(),)
   if op == "RECIP": return (-g * out * out,)
   if op == "ABS": return (g * a.sign(),)
@@ -211,6 +213,18 @@ def _take_rows_rule(idx, inputs, out, g):
   return ((hit.T @ g.reshape(hit.shape[0], -1)).reshape(w.shape),)
 
 
+def _sigmoid_grad(x, out, g):
+  # out * sigmoid(-x): 1 - out would cancel to 0 for x past 17 (float32) and lose digits well before
+  e = (-x.abs()).exp()
+  return g * out * _where(x >= 0, e / (1 + e), (1 + e).reciprocal())
+
+
+def _softplus_grad(arg, x, g):
+  beta, threshold = arg
+  bx = x * beta
+  return _where(bx > threshold, g, g * bx.sigmoid())
+
+
 def _window_rule(arg, inputs, out, g):
   # w[..., i, k] = x[..., i + k]: dx[..., j] = sum over k of g[..., j - k, k]
   from fusegrad.graph import node as gn
@@ -259,7 +273,10 @@ RULES = {
   "WINDOW": _window_rule,
   "UNFOLD": _unfold_rule,
   "CONTIGUOUS": lambda arg, ins, out, g: (g,),
-  "SIGMOID": lambda arg, ins, out, g: (g * out * (1 - out),),
+  "SIGMOID": lambda arg, ins, out, g: (_sigmoid_grad(ins[0], out, g),),
+  "EXPM1": lambda arg, ins, out, g: (g * ins[0].exp(),),   # not out + 1, which is 0 where expm1 rounds to -1
+  "LOG1P": lambda arg, ins, out, g: (g / (ins[0] + 1),),
+  "SOFTPLUS": lambda arg, ins, out, g: (_softplus_grad(arg, ins[0], g),),
   "RELU": lambda arg, ins, out, g: (_where(out <= 0, 0, g),),
   "COPY": lambda arg, ins, out, g: (g.to(ins[0].device),),
 }

@@ -37,7 +37,8 @@ def _float32_inside(fn):
   def wrapper(self, *args, **kwargs):
     if self.dtype not in HALF_FLOATS: return fn(self, *args, **kwargs)
     out = fn(self._cast(dt.float32), *args, **kwargs)
-    return out._cast(self.dtype) if isinstance(out, Tensor) and out.dtype == dt.float32 else out
+    back = lambda o: o._cast(self.dtype) if isinstance(o, Tensor) and o.dtype == dt.float32 else o
+    return tuple(back(o) for o in out) if isinstance(out, tuple) else back(out)
   return wrapper
 
 
@@ -72,7 +73,18 @@ def _shape_arg(shape) -> tuple:
     if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
       raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
     out.append(int(s))
+  _check_numel(out)
   return tuple(out)
+
+
+def _check_numel(shape) -> None:
+  """Element counts (and byte offsets) are int64 in kernels and PyTorch: a shape past that is refused here, not
+  wrapped or failed on in numpy later."""
+  n = 1
+  for s in shape:
+    if s > 0: n *= s
+  if n >= 1 << 63:
+    raise RuntimeError(f"Storage size calculation overflowed with sizes={list(shape)} (more than 2**63 - 1 elements)")
 
 
 def broadcast_shapes(*shapes) -> tuple:
@@ -90,6 +102,7 @@ def broadcast_shapes(*shapes) -> tuple:
                              f"dimension {i} (shapes {tuple(shapes[0])} and {tuple(shapes[1]) if len(shapes) > 1 else ()})")
         size = d
     out.append(size)
+  _check_numel(out)
   return tuple(out)
 
 
@@ -336,14 +349,29 @@ class Tensor:
   @_float32_inside
   def exp2(self): return (self._cast(self._float_dtype()) * math.log(2)).exp()
   @_float32_inside
-  def expm1(self): return self.exp() - 1
+  def expm1(self):
+    x = self._cast(self._float_dtype())
+    with autograd.no_grad():   # its own gradient rule, exp(x)
+      u = x.exp()
+      um = u - 1
+      # Kahan: (u - 1) * x / log(u) cancels the rounding error of u; u == 1 means |x| is below half an ulp of 1,
+      # u - 1 == -1 that expm1 rounds to -1, u == inf an overflow (the quotient would be inf / inf)
+      out = where(u == 1, x, where((um == -1) | (u == float("inf")), um, um * (x / u.log())))
+    return x._prim("EXPM1", None, out.node)
   def log(self): return self._unary_float("LOG")
   @_float32_inside
   def log2(self): return self.log() * (1 / math.log(2))
   @_float32_inside
   def log10(self): return self.log() * (1 / math.log(10))
   @_float32_inside
-  def log1p(self): return (self._cast(self._float_dtype()) + 1).log()
+  def log1p(self):
+    x = self._cast(self._float_dtype())
+    with autograd.no_grad():   # its own gradient rule, 1 / (1 + x)
+      u = x + 1
+      # Kahan: log(u) * x / (u - 1) cancels the rounding error of 1 + x (u - 1 is exact); x / (u - 1) first so that
+      # a large x cannot overflow the product
+      out = where((u == 1) | (u == float("inf")), x, u.log() * (x / (u - 1)))
+    return x._prim("LOG1P", None, out.node)
   def sqrt(self): return self._unary_float("SQRT")
   @_float32_inside
   def rsqrt(self): return self.sqrt().reciprocal()
@@ -387,7 +415,8 @@ class Tensor:
   def sigmoid(self):
     x = self._cast(self._float_dtype())
     with autograd.no_grad():   # its own gradient rule, out * (1 - out): stable for any x
-      out = (1 + (-x).exp()).reciprocal()
+      e = (-x.abs()).exp()      # never overflows: exp(-|x|) <= 1
+      out = where(x >= 0, (1 + e).reciprocal(), e / (1 + e))   # e / (1 + e) keeps sigmoid(-100) = 3.7e-44
     return x._prim("SIGMOID", None, out.node)
   @_float32_inside
   def silu(self): return self * self.sigmoid()
@@ -401,15 +430,21 @@ class Tensor:
   @_float32_inside
   def elu(self, alpha: float = 1.0):
     x = self._cast(self._float_dtype())
-    return where(x > 0, x, alpha * where(x > 0, 0.0, x).expm1())   # the unused branch sees a safe input
+    neg = x <= 0   # PyTorch's test: a NaN takes the x branch, so its gradient is 1 as there
+    return where(neg, alpha * where(neg, x, 0.0).expm1(), x)   # the unused branch sees a safe input
   def leaky_relu(self, negative_slope: float = 0.01):
     x = self._cast(self._float_dtype())
     return where(x > 0, x, x * negative_slope)
   @_float32_inside
   def softplus(self, beta: float = 1.0, threshold: float = 20.0):
+    """log(1 + exp(beta x)) / beta, x itself where beta x > threshold (PyTorch's definition)."""
     x = self._cast(self._float_dtype())
-    big = x * beta > threshold
-    return where(big, x, (where(big, 0.0, x) * beta).exp().log1p() / beta)   # no inf in the unused branch
+    with autograd.no_grad():   # its own gradient rule, sigmoid(beta x) (1 past the threshold)
+      bx = x * beta
+      # max(bx, 0) + log1p(exp(-|bx|)): exp never overflows and softplus(-100) = 3.7e-44, not log(1 + tiny) = 0
+      sp = where(bx > 0, bx, 0.0) + (-bx.abs()).exp().log1p()
+      out = where(bx > threshold, x, sp / beta if beta != 1 else sp)
+    return x._prim("SOFTPLUS", (beta, threshold), out.node)
   @_float32_inside
   def mish(self): return self * self.softplus().tanh()
   # PyTorch's hard activations pass gradient strictly inside their linear range
@@ -711,6 +746,9 @@ class Tensor:
     if dim is None: return self._reduce("MIN", None, False)
     return self._min_max_dim("MIN", dim, keepdim)
   def _min_max_dim(self, op: str, dim, keepdim: bool):
+    if self.ndim == 0:
+      _norm_dim(dim, 0)
+      return ReturnMinMax(self, Tensor(_node=gn.const(0, dt.int64, (), self.device)))
     idx = self.argmax(dim, True) if op == "MAX" else self.argmin(dim, True)
     if not self.requires_grad or not autograd.grad_enabled():
       vals = self._reduce(op, dim, keepdim)
@@ -737,22 +775,28 @@ class Tensor:
     n = prod(self.shape[a] for a in axes)
     return x.sum(dim, keepdim) / n if n else x.sum(dim, keepdim) * float("nan")
   @_float32_inside
-  def var(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
+  def _var_mean(self, dim, keepdim: bool, correction, unbiased) -> tuple:
     if correction is None: correction = 1 if unbiased is None or unbiased else 0
     axes = _norm_dims(_all_if_empty(dim), self.ndim)
-    n = prod(self.shape[a] for a in axes)
-    x = self._cast(self._float_dtype())
-    d = x - x.mean(axes, keepdim=True)
-    return (d * d).sum(axes, keepdim) / builtins.max(n - correction, 0)
+    mean, _, var = _moments(self._cast(self._float_dtype()), axes, correction)
+    if keepdim: return var, mean
+    return var.squeeze(axes), mean.squeeze(axes)
+  def var(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
+    return self._var_mean(dim, keepdim, correction, unbiased)[0]
   @_float32_inside
   def std(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
-    v = self.var(dim, keepdim, correction=correction, unbiased=unbiased)
-    zero = v == 0    # PyTorch gives a constant's std a zero gradient, not 0 * inf
-    return where(zero, 0.0, where(zero, 1.0, v).sqrt())
-  def var_mean(self, dim=None, keepdim=False, *, correction=None):
-    return self.var(dim, keepdim, correction=correction), self.mean(dim, keepdim)
+    return _sqrt0(self.var(dim, keepdim, correction=correction, unbiased=unbiased))
+  def var_mean(self, dim=None, keepdim=False, *, correction=None, unbiased=None):
+    return self._var_mean(dim, keepdim, correction, unbiased)
+  @_float32_inside
+  def std_mean(self, dim=None, keepdim=False, *, correction=None, unbiased=None):
+    v, m = self._var_mean(dim, keepdim, correction, unbiased)
+    return _sqrt0(v), m
   def _arg(self, op: str, dim, keepdim: bool, name: str) -> "Tensor":
     self._check_nonempty(name, dim)
+    if self.ndim == 0:   # a 0-d tensor takes dim 0 or -1, as in PyTorch: its one element is at index 0
+      if dim is not None: _norm_dim(dim, 0)
+      return Tensor(_node=gn.const(0, dt.int64, (), self.device))
     x = self
     if dim is None: x, dim, keepdim_shape = self.reshape(-1), 0, (1,) * self.ndim
     d = _norm_dim(dim, x.ndim)
@@ -780,17 +824,19 @@ class Tensor:
     out = (x - m).exp().sum(dim, keepdim=True).log() + m
     return out if keepdim else out.squeeze(_norm_dims(dim, self.ndim))
   def softmax(self, dim: int = -1, dtype=None):
+    _check_softmax_dim(dim, "softmax")
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
     if x.dtype in HALF_FLOATS: return x._cast(dt.float32).softmax(dim)._cast(x.dtype)   # one rounding, as PyTorch's
     e = (x - x._reduce("MAX", dim, True).detach()).exp()
     return e / e.sum(dim, keepdim=True)
   def log_softmax(self, dim: int = -1, dtype=None):
+    _check_softmax_dim(dim, "log_softmax")
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
     if x.dtype in HALF_FLOATS: return x._cast(dt.float32).log_softmax(dim)._cast(x.dtype)
     s = x - x._reduce("MAX", dim, True).detach()
     return s - s.exp().sum(dim, keepdim=True).log()
   def cumsum(self, dim: int, dtype=None):
-    d = _norm_dim(dim, self.ndim) if self.ndim else 0
+    d = _norm_dim(dim, self.ndim)   # a 0-d tensor takes dim 0 or -1
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else \
         self._cast(dt.int64) if (self.dtype.is_int or self.dtype.is_bool) else self
     if self.ndim == 0: return x
@@ -801,6 +847,7 @@ class Tensor:
     return w.sum(-1).transpose(d, -1)
   def cumprod(self, dim: int):
     d = _norm_dim(dim, self.ndim)
+    if self.ndim == 0: return self
     n = self.shape[d]
     x = self.transpose(d, -1)
     w = _windows(x.pad((n - 1, 0), value=1), n)
@@ -1008,6 +1055,8 @@ class Tensor:
       if k != d and a > b:
         raise RuntimeError(f"Size does not match at dimension {k} expected index {list(index.shape)} to be smaller "
                            f"than self {list(self.shape)} apart from dimension {d}")
+    index = _index_in_range(index, self.shape[d] if self.ndim else 1, RuntimeError,
+                            lambda v: f"index {v} is out of bounds for dimension {d} with size {self.shape[d] if self.ndim else 1}")
     idx = [index if k == d else arange(index.shape[k], device=self.device).reshape(
            *[index.shape[k] if j == k else 1 for j in range(self.ndim)]) for k in range(self.ndim)]
     return _advanced(self, list(enumerate(idx))) if self.ndim else self
@@ -1015,6 +1064,11 @@ class Tensor:
     d = _norm_dim(dim, self.ndim)
     if not isinstance(index, Tensor) or index.ndim > 1:
       raise IndexError(f"index_select(): Index is supposed to be a vector, got {getattr(index, 'shape', index)}")
+    if index.dtype.is_float or index.dtype.is_bool:
+      raise IndexError(f"index_select(): Expected dtype int32/int64 for index, got {index.dtype.name}")
+    n = self.shape[d] if self.ndim else 1
+    index = _index_in_range(index, n, IndexError, lambda v: f"index out of range in self (index {v}, dimension {d} "
+                                                              f"of size {n})")
     return self[(slice(None),) * d + (index.reshape(-1),)]
   def masked_fill(self, mask: "Tensor", value) -> "Tensor":
     if not isinstance(mask, Tensor) or not mask.dtype.is_bool:
@@ -1105,6 +1159,39 @@ def _check_sub(a, b) -> None:
                        "invert a mask, use the `~` or `logical_not()` operator instead.")
 
 
+def _check_softmax_dim(dim, name: str) -> None:
+  # None would reduce over every dim (a softmax over the whole tensor); PyTorch's methods refuse it
+  if dim is None or isinstance(dim, (tuple, list)):
+    raise TypeError(f"{name}(): argument 'dim' (position 1) must be int, not {type(dim).__name__}")
+
+
+def _sqrt0(v: Tensor) -> Tensor:
+  zero = v == 0    # PyTorch gives a constant's std a zero gradient, not 0 * inf
+  return where(zero, 0.0, where(zero, 1.0, v).sqrt())
+
+
+def _moments(x: Tensor, axes: tuple, correction=0) -> tuple:
+  """(mean, x - mean, variance) over axes, kept as size-1 dims, computed stably: the values are first shifted
+  by one of them per output (c), so the sums see deviations of the data's spread rather than its offset (a
+  float32 sum of 16384 values near 1000 is off by ~1e-3: the mean, and through it the variance and a
+  normalization, inherit that); then the variance is the mean of squared deviations from that mean (two
+  passes, never E[x^2] - E[x]^2). The shift's gradient cancels exactly (d/dc of c + mean(x - c) is 0), so
+  c is left out of the graph. Still one or two fused kernels: c is a strided read of x."""
+  n = prod(x.shape[a] for a in axes)
+  c = None
+  if n > 1:
+    c = x._shrink([(0, 1) if i in axes else (0, s) for i, s in enumerate(x.shape)]).detach()
+    x = x - c
+  # float32 and narrower sum in float64 where the device has it: a float32 accumulator walking thousands of
+  # values drifts by ~1e-6 relative (PyTorch's cascade sum does not)
+  acc = dt.float64 if x.dtype.itemsize <= 4 and dt.float64 in rd.get(x.device).supported else x.dtype
+  md = (x._cast(acc).sum(axes, keepdim=True) / n)._cast(x.dtype) if n else x.sum(axes, keepdim=True) * float("nan")
+  dev = x - md
+  d64 = dev._cast(acc)
+  var = ((d64 * d64).sum(axes, keepdim=True) / builtins.max(n - correction, 0))._cast(x.dtype)
+  return (md + c if c is not None else md), dev, var
+
+
 def _as_bool(o, like: Tensor) -> Tensor:
   return like._operand(o, dt.bool_) if not isinstance(o, Tensor) else o._cast(dt.bool_)
 
@@ -1119,6 +1206,19 @@ def _windows(x: Tensor, n: int) -> Tensor:
   v = View((outer, L, n), (x.shape[-1], 1, 1), 0, None)
   node = gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device)
   return flat._prim("WINDOW", n, node).reshape(*lead, L, n)
+
+
+def _index_in_range(idx: Tensor, n: int, exc: type, message) -> Tensor:
+  """Indices that must lie in [0, n), negative ones included (embedding, index_select, gather refuse -1 where x[i]
+  wraps it). Values that exist already (a buffer, a constant, a realized tensor) are checked here and refused as
+  PyTorch does; a lazy index cannot be checked without running it, so its out-of-range values are sent out of range
+  of the data (n), where the gather reads 0: never another element's memory."""
+  if idx.node.realized or idx.node.op in ("BUFFER", "CONST"):
+    vals = idx.numpy()
+    if vals.size and (vals.min() < 0 or vals.max() >= n):
+      raise exc(message(int(vals.min()) if vals.min() < 0 else int(vals.max())))
+    return idx
+  return where((idx < 0) | (idx >= n), n, idx)
 
 
 def _take_rows(w: Tensor, idx: Tensor) -> Tensor:
@@ -1181,11 +1281,13 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
       raise ValueError(f"could not build a tensor from {type(data).__name__}: {e}") from None
     except TypeError as e:
       raise TypeError(f"could not build a tensor from {type(data).__name__}: {e}") from None
-    if arr.dtype == object: raise ValueError(f"could not build a tensor from {data!r}: ragged or non-numeric data")
+    if arr.dtype == object or arr.dtype == np.uint64:   # Python ints past int64 (numpy made them uint64 or objects)
+      arr = _big_ints(data, arr, d)
     # Python floats: default dtype (numpy float scalars keep theirs, as in torch.tensor)
     if arr.dtype.kind == "f" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.float32)
     if arr.dtype.kind in "iu" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.int64)
   if arr.dtype.kind not in "biuf": raise TypeError(f"unsupported numpy dtype {arr.dtype} for a tensor")
+  if d is not None and not isinstance(data, np.ndarray): _check_fits(arr, d)   # PyTorch checks Python numbers only
   if d is not None and d != dt.bfloat16:
     with np.errstate(all="ignore"):
       # to float16 through float32, as PyTorch converts (a double is not rounded to 16 bits directly)
@@ -1194,6 +1296,36 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
   elif d is None:
     dt.from_numpy(arr.dtype)   # raises a clear error for uint16 and friends
   return arr
+
+
+def _big_ints(data, arr: np.ndarray, d: DType | None) -> np.ndarray:
+  """Python ints outside int64: a float (or bool) tensor takes them, an integer one cannot (PyTorch's ValueError);
+  anything else that numpy made an object array is ragged or not numeric."""
+  flat = arr.reshape(-1) if arr.dtype == np.uint64 else None
+  if flat is None:
+    try:
+      flat = np.array(data, dtype=np.float64).reshape(-1)
+    except (ValueError, TypeError, OverflowError):
+      raise ValueError(f"could not build a tensor from {data!r}: ragged or non-numeric data") from None
+  has_float = arr.dtype == object and builtins.any(isinstance(v, (float, np.floating)) for v in arr.reshape(-1))
+  if d is not None and (d.is_float or d.is_bool) or d is None and has_float: return np.array(data, dtype=np.float64)
+  raise ValueError(f"Overflow when unpacking long long: an integer outside the int64 range [-2**63, 2**63 - 1] "
+                   f"cannot make a tensor of dtype {'int64' if d is None else d.name}")
+
+
+def _check_fits(arr: np.ndarray, d: DType) -> None:
+  """PyTorch refuses Python numbers an integer dtype cannot hold (c10::overflows): an integer outside [min, max]
+  (for an unsigned type [-max, max]: -1 wraps to 255 as in C), a float outside [min, max], NaN or inf."""
+  if not d.is_int or arr.size == 0 or arr.dtype.kind == "b": return
+  info = np.iinfo(d.np)
+  if arr.dtype.kind == "f":
+    hi = float(info.max) if info.bits < 64 else float(np.nextafter(2.0 ** 63, 0))
+    with np.errstate(invalid="ignore"): bad = ~((arr >= float(info.min)) & (arr <= hi))
+  else:
+    lo = -int(info.max) if d.is_unsigned else int(info.min)
+    bad = (arr < lo) | (arr > int(info.max))
+  if bad.any():
+    raise RuntimeError(f"value cannot be converted to type {d.name} without overflow (got {arr[bad].reshape(-1)[0]!r})")
 
 
 def _host_bits(arr: np.ndarray, d: DType) -> np.ndarray:
@@ -1364,17 +1496,23 @@ def _advanced(y: Tensor, adv: list) -> Tensor:
   for d in reversed(range(y.ndim)):
     strides[d] = acc
     acc *= y.shape[d]
-  flat = None
+  flat, ok = None, None
   for p, t in zip(positions, idx):
+    lazy = not (t.node.realized or t.node.op in ("BUFFER", "CONST"))   # unchecked above
     t = t._cast(dt.int64)
     t = where(t < 0, t + y.shape[p], t)
     t = t._broadcast_to(bshape).reshape((1,) * nb + bshape + (1,) * len(after))
+    if lazy:
+      inside = (t >= 0) & (t < y.shape[p])
+      ok = inside if ok is None else ok & inside
     term = t * strides[p]
     flat = term if flat is None else flat + term
   for d in rest:
     _, pos = place_rest(d)
     r = arange(y.shape[d], device=y.device).reshape(*[y.shape[d] if k == pos else 1 for k in range(len(out_shape))])
     flat = flat + r * strides[d]
+  if ok is not None:   # an out-of-range lazy index reads 0 (position -1) rather than a neighbouring row's element
+    flat = where(ok, flat, -1)
   flat = flat._broadcast_to(out_shape)
   data = y.contiguous()
   return data._prim("GATHER", None, gn.gather(data.node, flat.node), data, flat)
@@ -1394,6 +1532,10 @@ def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False)
   if any(s < 0 for s in size): raise RuntimeError(f"Trying to create tensor with negative dimension: {list(size)}")
   d = dt.to_dtype(dtype) if dtype is not None else _result_type(fill_value)
   _check_device_dtype(_dev(device), d)
+  if _is_scalar(fill_value) and not isinstance(fill_value, (bool, np.bool_)) and (d.is_int or dtype is None):
+    if not isinstance(fill_value, (float, np.floating)) and not -2 ** 63 <= int(fill_value) < 2 ** 63:
+      raise ValueError(f"Overflow when unpacking long long: fill value {fill_value} is outside the int64 range")
+    _check_fits(np.array([fill_value]), d)
   return Tensor(_node=gn.const(fill_value, d, size, _dev(device)), requires_grad=requires_grad)
 
 
@@ -1557,7 +1699,12 @@ def randperm(n: int, device=None, dtype=None) -> Tensor:
 # ---- joining and contracting ---------------------------------------------------------------------------------
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+  if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)) and not hasattr(tensors, "__iter__"):
+    raise TypeError(f"cat() argument 'tensors' (position 1) must be tuple of Tensors, not {type(tensors).__name__}")
   tensors = [t for t in tensors]
+  for i, t in enumerate(tensors):
+    if not isinstance(t, Tensor):
+      raise TypeError(f"expected Tensor as element {i} in argument 0, but got {type(t).__name__}")
   if not tensors: raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
   # PyTorch skips 1-D empty tensors in cat
   ref = next((t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)), tensors[0])
@@ -1586,7 +1733,12 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+  if isinstance(tensors, Tensor):
+    raise TypeError("stack(): argument 'tensors' (position 1) must be tuple of Tensors, not Tensor")
   tensors = list(tensors)
+  for i, t in enumerate(tensors):
+    if not isinstance(t, Tensor):
+      raise TypeError(f"expected Tensor as element {i} in argument 0, but got {type(t).__name__}")
   if not tensors: raise RuntimeError("stack expects a non-empty TensorList")
   for i, t in enumerate(tensors):
     if t.shape != tensors[0].shape:
@@ -1665,21 +1817,74 @@ Tensor.movedim = _movedim
 Tensor.moveaxis = _movedim
 
 
-def _argsort(self: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
-  """Rank by counting (O(n^2) compares, fully fused): fine for the small sizes it serves."""
-  d = _norm_dim(dim, self.ndim)
-  x = self.transpose(d, -1)
+def _before(a: Tensor, b: Tensor, descending: bool) -> Tensor:
+  """Does b sort before a? PyTorch's order: NaN is greater than everything (last ascending, first descending)."""
+  lt = (a < b) if descending else (b < a)
+  if not a.dtype.is_float: return lt
+  na, nb = a.isnan(), b.isnan()
+  return (lt | (nb & na.logical_not())) if descending else (lt | (na & nb.logical_not()))
+
+
+def _sort_perm(x: Tensor, descending: bool) -> Tensor:
+  """The stable sorting permutation along the last dim, by counting (O(n^2) compares, fully fused):
+  rank[i] = #{j : x[j] sorts before x[i]} + #{j < i : x[j] ties x[i]}, then the inverse permutation."""
   n = x.shape[-1]
   a = x.unsqueeze(-1)      # [..., i, 1]
   b = x.unsqueeze(-2)      # [..., 1, j]
-  i = arange(n, device=self.device)
-  before = (b > a) if descending else (b < a)
-  tie = (b == a) & (i.reshape(1, n) < i.reshape(n, 1))
-  rank = (before | tie).sum(-1)     # rank of element i
-  # invert the permutation: position r holds the i whose rank is r
-  onehot = rank.unsqueeze(-1) == i   # [..., i, r]
-  perm = (onehot._cast(dt.int64) * i.reshape(n, 1)).sum(-2)
-  return perm.transpose(d, -1)
+  i = arange(n, device=x.device)
+  eq = (b == a) | (b.isnan() & a.isnan()) if x.dtype.is_float else (b == a)   # -0.0 ties 0.0, NaN ties NaN
+  tie = eq & (i.reshape(1, n) < i.reshape(n, 1))
+  rank = (_before(a, b, descending) | tie).sum(-1)     # rank of element i
+  onehot = rank.unsqueeze(-1) == i   # [..., i, r]: position r holds the i whose rank is r
+  return (onehot._cast(dt.int64) * i.reshape(n, 1)).sum(-2)
+
+
+def _argsort(self: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+  """Always stable (equal values keep their order); NaN sorts as the largest value, as in PyTorch."""
+  d = _norm_dim(dim, self.ndim)
+  if self.ndim == 0: return Tensor(_node=gn.const(0, dt.int64, (), self.device))
+  return _sort_perm(self.transpose(d, -1), descending).transpose(d, -1)
+
+
+ReturnSort = namedtuple("sort", ["values", "indices"])
+ReturnTopk = namedtuple("topk", ["values", "indices"])
+ReturnKth = namedtuple("kthvalue", ["values", "indices"])
+
+
+def _sort(self: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+  idx = _argsort(self, dim, descending)
+  return ReturnSort(self.gather(_norm_dim(dim, self.ndim), idx) if self.ndim else self, idx)
+
+
+def _msort(self: Tensor) -> Tensor: return _sort(self, 0).values
+
+
+def _topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+  """The k largest (smallest) along dim, sorted; NaN counts as the largest value, as in PyTorch."""
+  d = _norm_dim(dim, self.ndim)
+  n = self.shape[d] if self.ndim else 1
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)): raise TypeError(f"topk(): k must be an int, got {type(k).__name__}")
+  if not 0 <= k <= n: raise RuntimeError(f"selected index k out of range (k={k}, dimension {d} has size {n})")
+  vals, idx = _sort(self, d, descending=largest)
+  if self.ndim == 0: return ReturnTopk(vals, idx)
+  return ReturnTopk(vals.narrow(d, 0, k), idx.narrow(d, 0, k))
+
+
+def _kthvalue(self: Tensor, k: int, dim: int = -1, keepdim: bool = False):
+  """The k-th smallest value (1-based) along dim and its index; NaN counts as the largest value."""
+  d = _norm_dim(dim, self.ndim)
+  n = self.shape[d] if self.ndim else 1
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+    raise TypeError(f"kthvalue(): k must be an int, got {type(k).__name__}")
+  if not 1 <= k <= n: raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {d} (k={k}, size {n})")
+  vals, idx = _sort(self, d)
+  if self.ndim == 0: return ReturnKth(vals, idx)
+  v, i = vals.narrow(d, k - 1, 1), idx.narrow(d, k - 1, 1)
+  return ReturnKth(v, i) if keepdim else ReturnKth(v.squeeze(d), i.squeeze(d))
 
 
 Tensor.argsort = _argsort
+Tensor.sort = _sort
+Tensor.msort = _msort
+Tensor.topk = _topk
+Tensor.kthvalue = _kthvalue

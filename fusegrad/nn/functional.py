@@ -9,10 +9,11 @@ sums the kernel's offsets back onto the input.
 from __future__ import annotations
 import builtins
 import math
+import warnings
 import numpy as np
 import fusegrad as fg
 from fusegrad import dtype as dt
-from fusegrad.tensor import Tensor, _take_rows, _unfold, where, HALF_FLOATS, _result_type
+from fusegrad.tensor import Tensor, _index_in_range, _moments, _take_rows, _unfold, where, HALF_FLOATS, _result_type
 
 # ---- activations (the Tensor methods, as functions) ----------------------------------------------------------
 
@@ -32,8 +33,16 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
 def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor: return input.hardsigmoid()
 def hardswish(input: Tensor, inplace: bool = False) -> Tensor: return input.hardswish()
 def logsigmoid(input: Tensor) -> Tensor: return -(-input).softplus()
-def softmax(input: Tensor, dim: int = -1, dtype=None) -> Tensor: return input.softmax(dim, dtype=dtype)
-def log_softmax(input: Tensor, dim: int = -1, dtype=None) -> Tensor: return input.log_softmax(dim, dtype=dtype)
+def _softmax_dim(input: Tensor, dim, name: str) -> int:
+  """PyTorch 2.x: no dim picks one from the rank (0 for 0-, 1- and 3-D input, else 1) with a deprecation warning."""
+  if dim is not None: return dim
+  warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X as an "
+                f"argument.", UserWarning, stacklevel=3)
+  return 0 if input.ndim in (0, 1, 3) else 1
+def softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+  return input.softmax(_softmax_dim(input, dim, "softmax"), dtype=dtype)
+def log_softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+  return input.log_softmax(_softmax_dim(input, dim, "log_softmax"), dtype=dtype)
 def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
   return input.pad(pad, 0.0 if value is None else value, mode)
 
@@ -45,7 +54,14 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -
 
 # ---- linear and convolution ------------------------------------------------------------------------------------
 
+def _check_tensor(x, name: str, arg: str = "input") -> None:
+  if not isinstance(x, Tensor):
+    raise TypeError(f"{name}(): argument '{arg}' must be Tensor, not {type(x).__name__}")
+
+
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+  _check_tensor(input, "linear")
+  _check_tensor(weight, "linear", "weight")
   if input.shape[-1:] != weight.shape[-1:]:
     raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, input.shape))} and "
                        f"{'x'.join(map(str, weight.shape[::-1]))})")
@@ -65,6 +81,7 @@ def _tuple(v, n: int, name: str) -> tuple:
 
 def _batched(input: Tensor, nd: int, name: str) -> tuple[Tensor, bool]:
   """Accept [N, C, *spatial] or unbatched [C, *spatial] like PyTorch; returns the batched view."""
+  _check_tensor(input, name)
   if input.ndim == nd + 1: return input.unsqueeze(0), True
   if input.ndim != nd + 2:
     raise RuntimeError(f"{name}: Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input, but got input of "
@@ -297,6 +314,7 @@ def _affine_shape(x: Tensor, c: int) -> tuple: return (1, c) + (1,) * (x.ndim - 
 
 def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+  _check_tensor(input, "batch_norm")
   if input.ndim < 2:
     raise ValueError(f"batch_norm: expected 2D or more input (N, C, ...), got input of size {list(input.shape)}")
   C = input.shape[1]
@@ -308,8 +326,7 @@ def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None,
   if training:
     n = input.numel() // C
     if n <= 1: raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(input.shape)}")
-    mean = input.mean(axes, keepdim=True)
-    var = (input - mean).square().mean(axes, keepdim=True)
+    mean, xc, var = _moments(input, axes)   # shifted two-pass statistics (tensor._moments says why)
     if running_mean is not None:
       with fg.no_grad():
         running_mean._assign(((1 - momentum) * running_mean + momentum * mean.detach().reshape(C))._cast(running_mean.dtype))
@@ -321,13 +338,15 @@ def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None,
     if running_mean is None or running_var is None:
       raise RuntimeError("batch_norm in eval mode needs running_mean and running_var")
     mean, var = running_mean.reshape(shp), running_var.reshape(shp)
-  y = (input - mean) * (var + eps).rsqrt()
+    xc = input - mean
+  y = xc * (var + eps).rsqrt()
   if weight is not None: y = y * weight.reshape(shp)
   if bias is not None: y = y + bias.reshape(shp)
   return y
 
 
 def _check_normalized_shape(input: Tensor, normalized_shape, name: str) -> tuple:
+  _check_tensor(input, name)
   ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
   if len(ns) == 0 or tuple(input.shape[-len(ns):]) != ns or input.ndim < len(ns):
     raise RuntimeError(f"{name}: Given normalized_shape={list(ns)}, expected input with shape [*, "
@@ -347,10 +366,9 @@ def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: flo
   ns = _check_normalized_shape(input, normalized_shape, "layer_norm")
   y = _norm_in_float32(lambda x, w, b: layer_norm(x, normalized_shape, w, b, eps), input, weight, bias)
   if y is not None: return y
-  axes = tuple(range(-len(ns), 0))
-  mean = input.mean(axes, keepdim=True)
-  xc = input - mean
-  y = xc * (xc.square().mean(axes, keepdim=True) + eps).rsqrt()
+  axes = tuple(range(input.ndim - len(ns), input.ndim))
+  _, xc, var = _moments(input, axes)
+  y = xc * (var + eps).rsqrt()
   if weight is not None: y = y * weight
   if bias is not None: y = y + bias
   return y
@@ -368,6 +386,7 @@ def rms_norm(input: Tensor, normalized_shape, weight=None, eps: float | None = N
 
 
 def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+  _check_tensor(input, "group_norm")
   if input.ndim < 2: raise RuntimeError(f"group_norm: expected at least 2D input, got {list(input.shape)}")
   N, C = input.shape[:2]
   if num_groups <= 0 or C % num_groups:
@@ -376,9 +395,8 @@ def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: floa
   y = _norm_in_float32(lambda x, w, b: group_norm(x, num_groups, w, b, eps), input, weight, bias)
   if y is not None: return y
   x = input.reshape(N, num_groups, -1)
-  mean = x.mean(-1, keepdim=True)
-  xc = x - mean
-  y = (xc * (xc.square().mean(-1, keepdim=True) + eps).rsqrt()).reshape(input.shape)
+  _, xc, var = _moments(x, (2,))
+  y = (xc * (var + eps).rsqrt()).reshape(input.shape)
   shp = _affine_shape(input, C)
   if weight is not None: y = y * weight.reshape(shp)
   if bias is not None: y = y + bias.reshape(shp)
@@ -395,6 +413,11 @@ def _check_index(t: Tensor, name: str) -> None:
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
   _check_index(input, "embedding")
+  if not isinstance(weight, Tensor) or weight.ndim != 2:
+    raise RuntimeError(f"embedding: weight must be a 2-D tensor, got {getattr(weight, 'shape', type(weight).__name__)}")
+  # negative indices do not wrap here (PyTorch refuses them); a lazy out-of-range index gives a zero row
+  input = _index_in_range(input, weight.shape[0], IndexError,
+                          lambda v: f"index out of range in self (index {v}, {weight.shape[0]} embeddings)")
   out = _take_rows(weight, input)
   if padding_idx is not None:   # that row gets no gradient
     if padding_idx < 0: padding_idx += weight.shape[0]
@@ -461,6 +484,7 @@ def _reduce(loss: Tensor, reduction: str) -> Tensor:
 
 
 def _check_same(input: Tensor, target: Tensor, name: str) -> tuple[Tensor, Tensor]:
+  _check_tensor(input, name)
   if not isinstance(target, Tensor): raise TypeError(f"{name}: target must be a Tensor, got {type(target).__name__}")
   if input.shape != target.shape: fg.broadcast_shapes(input.shape, target.shape)   # raises naming both shapes
   return input, target

@@ -30,6 +30,9 @@ __all__ = ["save_file", "load_file", "save", "load", "read_header", "read_metada
 STATE_KEY = "__fusegrad_state__"
 _FORMAT = "fusegrad.state/1"
 _MAX_HEADER = 100_000_000     # safetensors' own limit
+# nesting of a saved structure (an optimizer's state_dict is 4 deep): deeper is refused on save and on load, where
+# it would otherwise end in a RecursionError from the JSON parser or the decoder
+MAX_DEPTH = 100
 
 # safetensors' dtype codes -> (itemsize, fusegrad dtype or None where fusegrad has none)
 _CODES = {"BOOL": (1, dt.bool_), "U8": (1, dt.uint8), "I8": (1, dt.int8), "I16": (2, dt.int16), "U32": (4, dt.uint32),
@@ -207,8 +210,11 @@ def save_file(tensors: dict[str, Tensor], path, metadata: dict[str, str] | None 
   _write(path, tensors, metadata)
 
 
-def _encode(obj, prefix: str, named: dict, ids: dict):
+def _encode(obj, prefix: str, named: dict, ids: dict, depth: int = 0):
   """JSON skeleton of obj: scalars as themselves, containers as {"d"|"l"|"t": ...}, tensors as {"T": name}."""
+  if depth > MAX_DEPTH:
+    raise ValueError(f"cannot save a structure nested deeper than {MAX_DEPTH} levels (at {prefix[:200]!r}; a "
+                     f"container that holds itself?)")
   if isinstance(obj, (Tensor, np.ndarray)):
     if id(obj) in ids: return {"T": ids[id(obj)]}
     name = prefix or "_"
@@ -221,10 +227,11 @@ def _encode(obj, prefix: str, named: dict, ids: dict):
     for k, v in obj.items():
       if isinstance(k, bool) or not isinstance(k, (str, int)):
         raise TypeError(f"dict keys must be str or int to be saved, got {k!r} under {prefix or 'the top level'!r}")
-      items.append([k, _encode(v, join(k), named, ids)])
+      items.append([k, _encode(v, join(k), named, ids, depth + 1)])
     return {"d": items}
   if isinstance(obj, (list, tuple)):
-    return {"t" if isinstance(obj, tuple) else "l": [_encode(v, join(i), named, ids) for i, v in enumerate(obj)]}
+    return {"t" if isinstance(obj, tuple) else "l": [_encode(v, join(i), named, ids, depth + 1)
+                                                     for i, v in enumerate(obj)]}
   if isinstance(obj, np.generic): obj = obj.item()
   if obj is None or isinstance(obj, (bool, int, float, str)): return obj
   raise TypeError(f"cannot save a {type(obj).__name__} (at {prefix or 'the top level'!r}): only Tensors, numbers, "
@@ -265,6 +272,11 @@ def _load_tensors(path, device) -> tuple[dict[str, Tensor], dict]:
           a = f.get_tensor(k)
           if a.shape != shape or a.dtype != np.dtype(_NP[d]):
             _fail(path, f"tensor {k!r}: safetensors read {a.dtype} {a.shape}")
+          if d == dt.bool_ and a.size and a.view(np.uint8).max() > 1:
+            # a bool byte is 0 or 1; any other is a corrupt file (kept, it would compare unequal to True)
+            bad = a.view(np.uint8).reshape(-1)
+            i = int(np.argmax(bad > 1))
+            _fail(path, f"tensor {k!r}: BOOL data holds byte {int(bad[i])} at element {i} (a bool is stored as 0 or 1)")
         out[k] = _from_bits(a, d, device)   # copied onto the device before the next tensor is read
   except safetensors.SafetensorError as e:
     _fail(path, f"safetensors: {e}")
@@ -278,16 +290,17 @@ def load_file(path, device=None) -> dict[str, Tensor]:
   return _load_tensors(path, device)[0]
 
 
-def _decode(x, tensors: dict, path):
+def _decode(x, tensors: dict, path, depth: int = 0):
+  if depth > MAX_DEPTH: _fail(path, f"{STATE_KEY}: structure nested deeper than {MAX_DEPTH} levels")
   if isinstance(x, dict):
     if len(x) != 1: _fail(path, f"{STATE_KEY}: malformed node {x!r}"[:300])
     (tag, v), = x.items()
     if tag == "T":
       if v not in tensors: _fail(path, f"{STATE_KEY}: refers to tensor {v!r}, which the file does not hold")
       return tensors[v]
-    if tag == "d": return {k: _decode(val, tensors, path) for k, val in v}
+    if tag == "d": return {k: _decode(val, tensors, path, depth + 1) for k, val in v}
     if tag in ("l", "t"):
-      items = [_decode(val, tensors, path) for val in v]
+      items = [_decode(val, tensors, path, depth + 1) for val in v]
       return tuple(items) if tag == "t" else items
     _fail(path, f"{STATE_KEY}: unknown node tag {tag!r}")
   return x
@@ -301,6 +314,8 @@ def load(path, device=None):
     doc = json.loads(meta[STATE_KEY])
   except json.JSONDecodeError as e:
     _fail(path, f"{STATE_KEY} metadata is not JSON ({e})")
+  except RecursionError:
+    _fail(path, f"{STATE_KEY}: structure nested deeper than {MAX_DEPTH} levels")
   if not isinstance(doc, dict) or doc.get("format") != _FORMAT or "tree" not in doc:
     _fail(path, f"{STATE_KEY} metadata is not a {_FORMAT} document")
   try:

@@ -177,21 +177,28 @@ class Optimizer(abc.ABC):
     for k, st in state_dict["state"].items():
       if k not in params: continue
       p = params[k]
-      state[id(p)] = {name: _load_value(p, name, v, self._HOST_STATE) for name, v in st.items()}
+      state[id(p)] = {name: _load_value(p, name, v, k, self._HOST_STATE) for name, v in st.items()}
     self.param_groups = [{**s, "params": g["params"]} for g, s in zip(self.param_groups, saved)]
     self.state = state
     _jit.invalidate()   # a captured step holds the old groups and state tensors
 
 
-def _load_value(p: Tensor, name: str, v, host: tuple = ("step",)):
+def _load_value(p: Tensor, name: str, v, key=None, host: tuple = ("step",)):
   if name in host:   # a value the host computes the step's hyperparameters from (torch keeps a 0-d tensor)
     v = v.item() if hasattr(v, "item") else v
     return int(v) if isinstance(v, float) and v.is_integer() else v
   if isinstance(v, Tensor):
     v = Tensor(_node=v.node)
-    return v.to(device=p.device, dtype=p.dtype) if p.is_floating_point() else v.to(device=p.device)
-  if hasattr(v, "__array__") and not isinstance(v, (int, float, bool)):
-    return fg.tensor(np.asarray(v), dtype=p.dtype if p.is_floating_point() else None, device=p.device)
+    v = v.to(device=p.device, dtype=p.dtype) if p.is_floating_point() else v.to(device=p.device)
+  elif hasattr(v, "__array__") and not isinstance(v, (int, float, bool)):
+    v = fg.tensor(np.asarray(v), dtype=p.dtype if p.is_floating_point() else None, device=p.device)
+  else:
+    return v
+  # per-parameter state (momentum, moments) has the parameter's shape: another shape would broadcast silently
+  # in the update (a [1] buffer) or fail deep inside it
+  if tuple(v.shape) != tuple(p.shape):
+    raise ValueError(f"loaded state dict has state {name!r} of shape {list(v.shape)} for parameter {key} of shape "
+                     f"{list(p.shape)}")
   return v
 
 
