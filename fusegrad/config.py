@@ -13,9 +13,13 @@ def _int(name: str, default: int) -> int:
 
 DEBUG = _int("FUSEGRAD_DEBUG", 0)                       # 1: each kernel launched; 2: plus its source; 3: plus why each cut
 DEVICE = os.environ.get("FUSEGRAD_DEVICE", "CPU").upper()   # default device
-CACHE_DIR = os.environ.get("FUSEGRAD_CACHE_DIR") or os.path.join(
+DEFAULT_CACHE_DIR = os.path.join(
   os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fusegrad")
+# the kernel cache; one that other users could write is refused (runtime/cache.py) for DEFAULT_CACHE_DIR or a
+# private temporary directory
+CACHE_DIR = os.environ.get("FUSEGRAD_CACHE_DIR") or DEFAULT_CACHE_DIR
 DISABLE_DISK_CACHE = _int("FUSEGRAD_NO_DISK_CACHE", 0)  # 1: compile everything afresh
+MAX_CACHE_ENTRY_BYTES = 64 << 20                        # larger cache entries are neither written nor read
 CC = os.environ.get("FUSEGRAD_CC", "")                  # C compiler for the CPU device (default: clang, gcc, cc)
 THREADS = _int("FUSEGRAD_THREADS", 0)                   # CPU worker threads (0: one per core)
 MAX_PROGRAMS = _int("FUSEGRAD_MAX_PROGRAMS", 2048)      # compiled programs kept in memory per device (LRU)

@@ -21,7 +21,7 @@ import threading
 import numpy as np
 from fusegrad import config
 from fusegrad.runtime import cache
-from fusegrad.runtime.device import Device, CompileError
+from fusegrad.runtime.device import Device, CompileError, clip_log
 from fusegrad.codegen.renderer.cstyle import CRenderer
 
 FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv", "-std=gnu11"]
@@ -143,14 +143,14 @@ class CPUDevice(Device):
     cc, ver = find_compiler()
     flags = compiler_flags()
     key = cache.key_of(source, cc, ver, " ".join(flags), _host_id())
-    binary = cache.get(key)
+    binary = cache.programs.get(key)
     if binary is not None:
       try:
         return self._load(binary)
-      except OSError:   # a checksummed entry can still be foreign (or memory short): build it afresh
+      except OSError:   # an authenticated entry of this user's can still fail to load (memory short): rebuild it
         pass
     binary = self._build(cc, flags, source)
-    cache.put(key, binary)
+    cache.programs.put(key, binary)
     try:
       return self._load(binary)
     except OSError as e:
@@ -177,8 +177,16 @@ class CPUDevice(Device):
       except (OSError, subprocess.SubprocessError) as e:
         raise CompileError(f"running the C compiler {cc} failed: {e}\n--- source ---\n{source}") from None
       if r.returncode != 0:
-        raise CompileError(f"the C compiler ({cc}) rejected a kernel:\n{r.stderr.strip()}\n--- source ---\n{source}")
-      with open(out, "rb") as f: return f.read()
+        raise CompileError(f"the C compiler ({cc}) rejected a kernel:\n{clip_log(r.stderr)}\n--- source ---\n{source}")
+      try:
+        with open(out, "rb") as f: binary = f.read()
+      except OSError:
+        binary = b""
+      if not binary:
+        said = clip_log(r.stderr + r.stdout)
+        raise CompileError(f"the C compiler ({cc}) exited with status 0 but wrote no shared library "
+                           f"({out} is missing or empty)" + (f":\n{said}" if said else "") + f"\n--- source ---\n{source}")
+      return binary
 
   def launch(self, program, kernel, handles: list) -> None:
     self.launch_batch([(program, kernel, handles)])

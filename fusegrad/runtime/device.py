@@ -29,6 +29,17 @@ class CompileError(RuntimeError):
   """A kernel failed to compile; the message carries the source and the compiler's words."""
 
 
+def clip_log(text: str, max_lines: int = 40, max_chars: int = 4096) -> str:
+  """A compiler's output cut to a readable size (its first lines; what caused the rest comes first), with a note
+  of how much was cut."""
+  text = text.strip()
+  lines = text.splitlines()
+  kept = "\n".join(lines[:max_lines])[:max_chars]
+  if len(kept) == len(text): return text
+  cut_lines = len(lines) - len(kept.splitlines())
+  return kept + f"\n[... {len(text) - len(kept)} more characters ({cut_lines} more lines) cut]"
+
+
 def canonical(name) -> str:
   if name is None:
     from fusegrad import config

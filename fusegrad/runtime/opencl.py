@@ -5,11 +5,13 @@ An evicted program (Device.programs is bounded) is released when the last refere
 pyopencl is an optional dependency (`pip install fusegrad[opencl]`, which brings PoCL for CPUs).
 """
 from __future__ import annotations
+import os
+import shutil
 import threading
 import numpy as np
 from fusegrad import dtype as dt
 from fusegrad.runtime import cache
-from fusegrad.runtime.device import Device, CompileError
+from fusegrad.runtime.device import Device, CompileError, clip_log
 from fusegrad.codegen.renderer.cstyle import OpenCLRenderer
 
 
@@ -35,16 +37,29 @@ class OpenCLDevice(Device):
     # must not interleave (the in-order queue itself takes commands from any thread)
     self._launch_lock = threading.Lock()
     self._id = f"{self.cl_device.platform.name}|{self.cl_device.name}|{self.cl_device.version}|{self.cl_device.driver_version}"
+    # PoCL's CPU driver links every kernel into a shared object with the system linker `ld`, which its clang
+    # driver looks up on PATH, the first time the kernel is enqueued; without one it calls abort()
+    plat = self.cl_device.platform
+    self._needs_ld = bool(self.cl_device.type & cl.device_type.CPU) and \
+        ("pocl" in plat.vendor.lower() or "portable computing language" in plat.name.lower())
 
   def alloc(self, nbytes: int): return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(nbytes, 1))
   def copyin(self, handle, src: np.ndarray) -> None: self.cl.enqueue_copy(self.queue, handle, src, is_blocking=True)
   def copyout(self, dst: np.ndarray, handle) -> None: self.cl.enqueue_copy(self.queue, dst, handle, is_blocking=True)
   def synchronize(self) -> None: self.queue.finish()
 
+  def check_linker(self) -> None:
+    """Raise a RuntimeError (instead of PoCL's SIGABRT at the first launch) when PoCL's CPU driver has no linker."""
+    if self._needs_ld and shutil.which("ld") is None:
+      raise RuntimeError("device OPENCL: PoCL's CPU driver links each kernel with the system linker `ld`, and "
+                         f"there is no `ld` on PATH ({os.environ.get('PATH', '')!r}); PoCL would abort the process. "
+                         "Install binutils (the package that provides ld) or add its directory to PATH")
+
   def compile(self, name: str, source: str):
     cl = self.cl
+    self.check_linker()   # a cached binary is linked at its first launch too
     key = cache.key_of(source, "opencl", self._id)
-    binary = cache.get(key)
+    binary = cache.programs.get(key)
     if binary is not None:
       try:
         prg = cl.Program(self.ctx, [self.cl_device], [binary]).build()
@@ -55,9 +70,9 @@ class OpenCLDevice(Device):
     try:
       prg = cl.Program(self.ctx, source).build()
     except cl.Error as e:
-      raise CompileError(f"the OpenCL compiler rejected a kernel:\n{e}\n--- source ---\n{source}") from None
+      raise CompileError(f"the OpenCL compiler rejected a kernel:\n{clip_log(str(e))}\n--- source ---\n{source}") from None
     try:
-      cache.put(key, prg.get_info(cl.program_info.BINARIES)[0])
+      cache.programs.put(key, prg.get_info(cl.program_info.BINARIES)[0])
     except cl.Error:
       pass
     return getattr(prg, name)
