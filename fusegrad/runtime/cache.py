@@ -11,10 +11,12 @@ entry can neither hang a reader nor exhaust its memory.
 One entry is one file: a JSON header line (format, store, key, payload size, hmac) then the payload.
 """
 from __future__ import annotations
+import atexit
 import hashlib
 import hmac
 import json
 import os
+import shutil
 import stat
 import struct
 import tempfile
@@ -193,6 +195,7 @@ def _resolve() -> _Root:
     else:
       try:
         real = tempfile.mkdtemp(prefix="fusegrad-cache-")   # private (0700), this process only
+        atexit.register(shutil.rmtree, real, True)
       except OSError:
         real = None
     _warn(f"fusegrad: not using the kernel cache directory {requested}: {why}; "
