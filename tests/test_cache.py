@@ -373,6 +373,13 @@ def test_store_rejects_every_single_byte_change(store_dirs):
     bad[i] ^= 0x01
     with open(path, "wb") as f: f.write(bad)
     assert s.get("k") is None, f"byte {i} changed and the entry was still returned"
+  header, _, payload = good.partition(b"\n")
+  for mac in ("\u00e9" * 64, "\ud800", 12, None, ""):   # not even a hex string: a miss, not an exception
+    with open(path, "wb") as f: f.write(json.dumps(dict(json.loads(header), hmac=mac)).encode() + b"\n" + payload)
+    assert s.get("k") is None, mac
+  for bad_header in (b"[" * 3000, b"{" * 5000, b"\xff\xfe", b"null", b"[]"):   # never an exception either
+    with open(path, "wb") as f: f.write(bad_header + b"\n" + payload)
+    assert s.get("k") is None, bad_header[:10]
   with open(path, "wb") as f: f.write(good)
   assert s.get("k") == b"0123456789" * 5
 

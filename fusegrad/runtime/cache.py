@@ -261,12 +261,13 @@ class Store:
     if not nl or len(header) > _HEADER_MAX: return None
     try:
       h = json.loads(header.decode())
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):   # RecursionError: "[[[[..." nested too deep
       return None
     if not isinstance(h, dict) or h.get("format") != _FORMAT or h.get("store") != self.name or h.get("key") != key:
       return None
     mac = h.get("hmac")
-    if h.get("size") != len(payload) or not isinstance(mac, str): return None
+    # compare_digest refuses non-ASCII str (a header can hold any JSON string): compare ASCII only
+    if h.get("size") != len(payload) or not isinstance(mac, str) or not mac.isascii(): return None
     if not hmac.compare_digest(mac, seal(_get_root().secret, self.name, key, payload)): return None
     return payload
 
