@@ -581,7 +581,8 @@ def test_kernels_layernorm_and_mlp_backward(rng):
   x, g, b, w = leaf(rng, (64, 65)), leaf(rng, (65,)), leaf(rng, (65,)), leaf(rng, (64, 65))
   norm = (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, correction=0) + 1e-5).sqrt()
   (norm * g + b).mul(w).sum().backward()
-  assert count(x.grad, g.grad, b.grad) <= 6
+  # 7 since var computes its own shifted mean (tensor._moments) rather than sharing the x.mean() node written here
+  assert count(x.grad, g.grad, b.grad) <= 7
   x, w1, w2 = leaf(rng, (32, 16)), leaf(rng, (16, 64)), leaf(rng, (64, 10))
   ((x @ w1).relu() @ w2).log_softmax(-1).mean().backward()
   assert count(w1.grad, w2.grad) <= 9
