@@ -53,3 +53,12 @@ def realize(*tensors: Tensor) -> None:
 
 from fusegrad import optim  # noqa: E402  (optimizers use the names above)
 from fusegrad import nn  # noqa: E402
+
+# PyTorch's names around the model (docs/porting.md): devices, the CUDA/accelerator queries, save/load as
+# safetensors, utils.data, compile/autocast/inference_mode
+from fusegrad.devices import device  # noqa: E402
+from fusegrad.compat import (compile, inference_mode, is_inference_mode_enabled, set_grad_enabled,  # noqa: E402,A004
+                             set_float32_matmul_precision, get_float32_matmul_precision, from_numpy)
+from fusegrad.serialization import save, load  # noqa: E402
+from fusegrad.amp import autocast  # noqa: E402
+from fusegrad import cuda, backends, accelerator, amp, utils, data  # noqa: E402,F401
