@@ -14,14 +14,18 @@ _TORCH = ("cuda", "mps", "xpu", "hip", "xla", "meta", "mtia", "hpu", "ipu", "vul
 
 
 class device:
-  """device("cpu"), device("cuda:0"), device("cuda", 0), device(0) (= cuda:0), or a copy of a device; `.type`,
+  """device("cpu"), device("cuda:0"), device("cuda", 0), device(0) (index 0 of the accelerator), or a copy of one; `.type`,
   `.index` (None when not given), str ("cuda:0"), ==, hash as PyTorch's. It also equals the strings that name
   it ("cpu", "CPU": a Tensor's `.device` is fusegrad's name as a string)."""
   __slots__ = ("type", "index")
 
   def __init__(self, type, index: int | None = None):   # noqa: A002 (PyTorch's parameter name)
     if isinstance(type, device): type, index = type.type, type.index if index is None else index
-    elif isinstance(type, int) and not isinstance(type, bool): type, index = "cuda", type
+    elif isinstance(type, int) and not isinstance(type, bool):   # an index on the accelerator, as in PyTorch
+      from fusegrad.accelerator import current_accelerator
+      acc = current_accelerator()
+      if acc is None: raise RuntimeError("Cannot access accelerator device when none is available.")
+      type, index = acc.type, type
     if not isinstance(type, str): raise TypeError(f"device() expects a string, an int or a device, got {type!r}")
     name, sep, idx = type.strip().partition(":")
     name = name.lower()
