@@ -11,7 +11,6 @@ never unpickles (unpickling runs code the file carries). `load` explains how to 
 from __future__ import annotations
 import os
 import tempfile
-from fusegrad.nn import state as _state
 
 __all__ = ["save", "load"]
 
@@ -33,6 +32,7 @@ def _target_device(map_location):
 def save(obj, f, pickle_module=None, pickle_protocol=None, _use_new_zipfile_serialization=True) -> None:
   """Write obj (see the module docstring) to f, a path or a binary file object, as safetensors."""
   from fusegrad.nn.module import Module
+  from fusegrad.nn import state as _state   # safetensors is imported on first use, as by fusegrad.nn.state
   if pickle_module is not None: raise TypeError("fusegrad.save writes safetensors; it has no pickle_module")
   if isinstance(obj, Module):
     raise TypeError(f"fusegrad.save cannot store a {type(obj).__name__} module object (that needs pickle); save its "
@@ -50,6 +50,7 @@ def save(obj, f, pickle_module=None, pickle_protocol=None, _use_new_zipfile_seri
 
 
 def _check_not_pickle(head: bytes, name: str) -> None:
+  from fusegrad.nn import state as _state
   if head[:4] == b"PK\x03\x04":
     raise _state.StateFileError(f"{name}: this is a PyTorch file in torch.save's zip (pickle) format; fusegrad never "
                                 f"unpickles (unpickling runs code the file carries). To use it, {_CONVERT}")
@@ -62,6 +63,7 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
   """The object `save` wrote (or {name: Tensor} of any safetensors file), from a path or a binary file object,
   with its tensors on map_location (default: fusegrad's default device). weights_only is accepted: a
   safetensors file holds nothing but data, so loading is always weights-only."""
+  from fusegrad.nn import state as _state
   if pickle_module is not None: raise TypeError("fusegrad.load reads safetensors; it has no pickle_module")
   device = _target_device(map_location)
   if hasattr(f, "read"):

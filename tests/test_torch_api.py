@@ -66,9 +66,9 @@ def test_like_constructors(device):
 
 def test_multinomial_with_replacement_distribution(device, rng):
   fg.manual_seed(int(rng.integers(1 << 31)))
-  w = rng.random(7).astype(np.float32) * 3
+  w = rng.uniform(0.2, 3, 7).astype(np.float32)   # no tiny expected counts: Pearson's statistic needs a few per cell
   w[2] = 0   # unnormalized weights with one impossible category
-  n = 20000 if device == "CPU" else 4000
+  n = {"CPU": 20000, "PYTHON": 2000}.get(device, 4000)
   s = fg.multinomial(fg.tensor(w, device=device), n, replacement=True)
   assert s.shape == (n,) and s.dtype == fg.int64 and s.device == device
   _chi2_ok(np.bincount(s.numpy(), minlength=7), n * w / w.sum())
@@ -388,6 +388,15 @@ def test_dataloader_sampler_arguments_like_torch():
   got = list(fg.data.DataLoader(fg.data.TensorDataset(x), sampler=[4, 2, 0], batch_size=2, num_workers=2,
                                 pin_memory=True))
   np.testing.assert_array_equal(got[0][0].numpy(), x[[4, 2]])
+  # minGPT's trainer: an endless random sampler, read lazily
+  loader = fg.data.DataLoader(ds, sampler=fg.data.RandomSampler(ds, replacement=True, num_samples=int(1e10)),
+                              batch_size=4, shuffle=False, pin_memory=True, num_workers=4)
+  it = iter(loader)
+  for _ in range(3):
+    xb, yb = next(it)
+    assert xb.shape == (4, 2) and set(yb.numpy().tolist()) <= set(range(10))
+  it.close()
+  assert len(loader) == int(1e10) // 4
   # shuffle draws from the generator: the same generator seed, the same order
   a = [b[1].numpy().tolist() for b in fg.data.DataLoader(ds, 3, shuffle=True, generator=fg.Generator().manual_seed(3))]
   b = [b[1].numpy().tolist() for b in fg.data.DataLoader(ds, 3, shuffle=True, generator=fg.Generator().manual_seed(3))]
@@ -496,7 +505,13 @@ def test_nanogpt_matches_torch(rng, flash):
   fopt = fm.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
   topt.step()
   fopt.step()
-  for k in tp: np.testing.assert_allclose(fp[k].numpy(), tp[k].detach().numpy(), atol=1e-6, rtol=1e-5, err_msg=k)
+  for k in tp:
+    # Adam's first step is lr * g / (|g| + eps): about lr * sign(g), so a gradient near 0 (where float rounding
+    # decides its sign) may move its weight by up to lr in either library; elsewhere the steps agree closely
+    firm = np.abs(tp[k].grad.numpy()) > 1e-5
+    got, want = fp[k].numpy(), tp[k].detach().numpy()
+    np.testing.assert_allclose(got[firm], want[firm], atol=1e-6, rtol=1e-5, err_msg=k)
+    assert np.abs(got - want).max() <= 2.1e-3, k
 
 
 def test_nanogpt_generate_samples_with_multinomial(rng):

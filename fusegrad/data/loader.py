@@ -363,11 +363,15 @@ class RandomSampler(Sampler):
   @property
   def num_samples(self) -> int: return len(self.data_source) if self._num_samples is None else int(self._num_samples)
   def __iter__(self):
-    n, rng = len(self.data_source), np.random.default_rng(_seed_of(self.generator))
-    if self.replacement: return iter(rng.integers(0, n, self.num_samples).tolist())
-    reps = -(-self.num_samples // n) if n else 0
-    return iter(np.concatenate([rng.permutation(n) for _ in range(reps)] or [np.zeros(0, np.int64)])
-                [:self.num_samples].tolist())
+    # the seed is drawn here, on the caller's thread (a loader's prefetch thread then only reads the iterator)
+    return self._draw(np.random.default_rng(_seed_of(self.generator)))
+  def _draw(self, rng):
+    # lazily, a chunk at a time: minGPT's trainer asks for num_samples=1e10 with replacement
+    n, left = len(self.data_source), self.num_samples
+    while left > 0 and n > 0:
+      chunk = rng.integers(0, n, min(left, 1 << 16)) if self.replacement else rng.permutation(n)[:left]
+      left -= len(chunk)
+      yield from chunk.tolist()
   def __len__(self) -> int: return self.num_samples
 
 
@@ -394,10 +398,17 @@ class WeightedRandomSampler(Sampler):
       raise RuntimeError(f"cannot draw {num_samples} samples without replacement from {np.count_nonzero(w)} "
                          f"categories of non-zero weight")
     self.weights, self.num_samples, self.replacement, self.generator = w, int(num_samples), replacement, generator
-  def __iter__(self):
-    rng = np.random.default_rng(_seed_of(self.generator))
-    return iter(rng.choice(len(self.weights), self.num_samples, self.replacement, self.weights / self.weights.sum())
-                .tolist())
+  def __iter__(self): return self._draw(np.random.default_rng(_seed_of(self.generator)))   # seeded on this thread
+  def _draw(self, rng):
+    p = self.weights / self.weights.sum()
+    if not self.replacement:
+      yield from rng.choice(len(p), self.num_samples, False, p).tolist()
+      return
+    left = self.num_samples
+    while left > 0:   # lazily, a chunk at a time, like RandomSampler
+      m = min(left, 1 << 16)
+      yield from rng.choice(len(p), m, True, p).tolist()
+      left -= m
   def __len__(self) -> int: return self.num_samples
 
 
@@ -408,9 +419,10 @@ class BatchSampler(Sampler):
     if not isinstance(drop_last, bool):
       raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
     self.sampler, self.batch_size, self.drop_last = sampler, int(batch_size), drop_last
-  def __iter__(self):
+  def __iter__(self): return self._chunks(iter(self.sampler))   # the sampler starts (draws its seed) here
+  def _chunks(self, ids):
     batch = []
-    for i in self.sampler:
+    for i in ids:
       batch.append(int(i))
       if len(batch) == self.batch_size:
         yield batch
@@ -484,13 +496,13 @@ class DataLoader:
     n = len(self.sampler) if self.sampler is not None else len(self.dataset)
     return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-  def _batch_indices(self) -> list:
-    if self.batch_sampler is not None: return [np.asarray(list(b), dtype=np.int64) for b in self.batch_sampler]
+  def _batch_indices(self):
+    """The batches' indices: slices or int64 arrays (an iterator where a sampler gives them: it may be long)."""
+    # samplers are started here, on the caller's thread: random ones draw their seed now, in program order
+    if self.batch_sampler is not None: return (np.asarray(list(b), dtype=np.int64) for b in iter(self.batch_sampler))
     bs = self.batch_size
     if self.sampler is not None:
-      ids = np.asarray([int(i) for i in self.sampler], dtype=np.int64)
-      stop = len(ids) - len(ids) % bs if self.drop_last else len(ids)
-      return [ids[i:i + bs] for i in range(0, stop, bs)]
+      return (np.asarray(b, dtype=np.int64) for b in iter(BatchSampler(self.sampler, bs, self.drop_last)))
     n = len(self.dataset)
     stop = n - n % bs if self.drop_last else n
     if self.shuffle:
@@ -498,7 +510,7 @@ class DataLoader:
       return [perm[i:i + bs] for i in range(0, stop, bs)]
     return [slice(i, min(i + bs, n)) for i in range(0, stop, bs)]
 
-  def _batches(self, batches: list):
+  def _batches(self, batches):
     ds, device = self.dataset, self.device
     # a TensorDataset (not a subclass with its own __getitem__) is gathered with one index per array
     fast = (isinstance(ds, TensorDataset) and type(ds).__getitem__ is TensorDataset.__getitem__
