@@ -10,7 +10,7 @@ from fusegrad.dtype import (DType, bool_ as bool, uint8, int8, int16, uint32, in
 from fusegrad.dtype import float32 as float, int32 as int   # noqa: A001 (PyTorch spells them so)
 from fusegrad.tensor import (Tensor, tensor, full, zeros, ones, empty, zeros_like, ones_like, empty_like, full_like,
                              rand_like, randn_like, arange, linspace, eye, manual_seed, seed, rand, randn, randint,
-                             randperm, cat, stack, einsum, where, broadcast_shapes)
+                             randperm, cat, stack, einsum, where, broadcast_shapes, Generator, multinomial, randint_like)
 from fusegrad.engine.track import track
 from fusegrad.engine.jit import jit
 from fusegrad.autograd import no_grad, enable_grad, grad, grad_enabled as is_grad_enabled
@@ -53,3 +53,12 @@ def realize(*tensors: Tensor) -> None:
 
 from fusegrad import optim  # noqa: E402  (optimizers use the names above)
 from fusegrad import nn  # noqa: E402
+
+# PyTorch's names around the model (docs/porting.md): devices, the CUDA/accelerator queries, save/load as
+# safetensors, utils.data, compile/autocast/inference_mode
+from fusegrad.devices import device  # noqa: E402
+from fusegrad.compat import (compile, inference_mode, is_inference_mode_enabled, set_grad_enabled,  # noqa: E402,A004
+                             set_float32_matmul_precision, get_float32_matmul_precision, from_numpy)
+from fusegrad.serialization import save, load  # noqa: E402
+from fusegrad.amp import autocast  # noqa: E402
+from fusegrad import cuda, backends, accelerator, amp, utils, data  # noqa: E402,F401

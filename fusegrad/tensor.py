@@ -1135,6 +1135,27 @@ class Tensor:
   def dot(self, other): return (self * other).sum()
   def outer(self, other): return self.reshape(-1, 1) * other.reshape(1, -1)
 
+  # ---- PyTorch conveniences: new_* constructors (dtype and device from self), sampling, device moves ----
+  def new_tensor(self, data, dtype=None, device=None, requires_grad: bool = False) -> "Tensor":
+    if isinstance(data, Tensor): data = data.detach()   # a copy of the values, as PyTorch's (which warns)
+    return Tensor(data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+  def new_full(self, size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> "Tensor":
+    return full(size, fill_value, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+  def new_zeros(self, *size, dtype=None, device=None, requires_grad: bool = False) -> "Tensor":
+    return self.new_full(_shape_arg(size), 0, dtype=dtype, device=device, requires_grad=requires_grad)
+  def new_ones(self, *size, dtype=None, device=None, requires_grad: bool = False) -> "Tensor":
+    return self.new_full(_shape_arg(size), 1, dtype=dtype, device=device, requires_grad=requires_grad)
+  def new_empty(self, *size, dtype=None, device=None, requires_grad: bool = False) -> "Tensor":
+    return self.new_zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad)   # lazy zeros cost nothing
+  def multinomial(self, num_samples: int, replacement: bool = False, *, generator=None) -> "Tensor":
+    return multinomial(self, num_samples, replacement, generator=generator)
+  def type_as(self, other: "Tensor") -> "Tensor": return self._cast(other.dtype)
+  def cuda(self, device=None, non_blocking: bool = False) -> "Tensor":
+    """Raises, naming fusegrad's devices, until fusegrad has a CUDA device (runtime/device.py canonical)."""
+    return self.to("cuda" if device is None else device if not isinstance(device, int) else f"cuda:{device}")
+  @property
+  def is_cuda(self) -> bool: return self.device == "CUDA"
+
 
 # ---- module-level helpers -------------------------------------------------------------------------------
 
@@ -1606,6 +1627,38 @@ class _RNG:
   counter = 0
 
 
+class Generator:
+  """A random-number generator of its own (torch.Generator): the same counter-based draws as the global one
+  (`fusegrad.manual_seed`), from its own (seed, counter); pass it as `generator=` to rand, randn, randint,
+  randperm, multinomial, random_split and the samplers. One generator serves every device."""
+
+  def __init__(self, device=None):
+    self.device = device
+    self._state = _RNG()   # instance attributes shadow _RNG's class ones: (seed, counter) of this generator
+    self._state.seed, self._state.counter = 67280421310721, 0   # torch's default seed for a fresh generator
+    self._initial = self._state.seed
+
+  def manual_seed(self, seed: int) -> "Generator":
+    self._state.seed, self._state.counter = int(seed) & 0xFFFFFFFFFFFFFFFF, 0
+    self._initial = self._state.seed
+    return self
+
+  def initial_seed(self) -> int: return self._initial
+
+  def seed(self) -> int:
+    """Reseed from the clock (nondeterministic) and return the new seed, as torch.Generator.seed does."""
+    import time
+    return self.manual_seed(time.time_ns()).initial_seed()
+
+
+def _gen(generator):
+  """The (seed, counter) holder that draws advance: the global one, or a Generator's own."""
+  if generator is None: return _RNG
+  if not isinstance(generator, Generator):
+    raise TypeError(f"generator must be a fusegrad.Generator, got {type(generator).__name__}")
+  return generator._state
+
+
 def manual_seed(seed: int) -> None:
   seed = int(seed) & 0xFFFFFFFFFFFFFFFF
   def set_seed(): _RNG.seed, _RNG.counter = seed, 0
@@ -1627,17 +1680,19 @@ def _mix32(x: Tensor) -> Tensor:
   return x ^ (x >> 16)
 
 
-def _random_bits(n: int, device: str) -> Tensor:
-  """n uniformly distributed uint32 values from (seed, counter); advances the counter."""
+def _random_bits(n: int, device: str, generator=None) -> Tensor:
+  """n uniformly distributed uint32 values from (seed, counter) of `generator` (default: the global one);
+  advances its counter."""
+  g = _gen(generator)
   # the keys travel as a buffer, so the kernel is the same for every call and compiles once (and a captured
   # step, fusegrad.jit, draws new keys at every replay)
   keys = Tensor(_node=gn.buffer_node(rd.Buffer(rd.get(device), 3, dt.uint32), dt.uint32, (3,), device))
   def draw():
-    s = _RNG.seed
+    s = g.seed
     k0 = (s ^ (s >> 32) ^ 0x9E3779B9) & 0xFFFFFFFF
-    k1 = (_RNG.counter * 0x632BE5AB + 0x85EBCA6B) & 0xFFFFFFFF
-    k2 = (_RNG.counter >> 32) & 0xFFFFFFFF
-    _RNG.counter += n
+    k1 = (g.counter * 0x632BE5AB + 0x85EBCA6B) & 0xFFFFFFFF
+    k2 = (g.counter >> 32) & 0xFFFFFFFF
+    g.counter += n
     keys.node.buffer.copyin(np.array([k0, k1, k2 ^ 0x27D4EB2F], dtype=np.uint32))
   _jit.host(draw)
   i = Tensor(_node=gn.iota(n, dt.uint32, device))
@@ -1647,26 +1702,26 @@ def _random_bits(n: int, device: str) -> Tensor:
   return _mix32(h ^ kc)
 
 
-def rand(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
   size = _shape_arg(size)
   d = dt.to_dtype(dtype) if dtype is not None else dt.default_float
   if not d.is_float: raise TypeError(f"rand() expects a floating point dtype, got {d.name}")
   dev = _dev(device)
   n = prod(size)
-  bits = _random_bits(n, dev)
+  bits = _random_bits(n, dev, generator)
   u = (bits >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
   out = u._cast(d).reshape(size)
   if requires_grad: out.requires_grad_()
   return out
 
 
-def randn(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
   size = _shape_arg(size)
   d = dt.to_dtype(dtype) if dtype is not None else dt.default_float
   if not d.is_float: raise TypeError(f"randn() expects a floating point dtype, got {d.name}")
   dev = _dev(device)
   n = prod(size)
-  bits = _random_bits(2 * n, dev).reshape(2, n)
+  bits = _random_bits(2 * n, dev, generator).reshape(2, n)
   u = (bits >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
   u1, u2 = 1.0 - u[0], u[1]     # u1 in (0, 1]: log is finite
   z = (-2.0 * u1.log()).sqrt() * (2 * math.pi * u2).cos()
@@ -1675,7 +1730,7 @@ def randn(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor
   return out
 
 
-def randint(low, high=None, size=None, dtype=None, device=None) -> Tensor:
+def randint(low, high=None, size=None, generator=None, dtype=None, device=None) -> Tensor:
   if high is None: low, high = 0, low
   if size is None: raise TypeError("randint() missing required argument 'size'")
   if high <= low: raise RuntimeError(f"random_ from {low} to {high} is empty")
@@ -1684,15 +1739,15 @@ def randint(low, high=None, size=None, dtype=None, device=None) -> Tensor:
   n = prod(size)
   span = high - low
   if span < (1 << 31):   # multiply-shift: exact integer arithmetic, no float64 needed
-    out = (_random_bits(n, dev)._cast(dt.int64) * span >> 32) + low
+    out = (_random_bits(n, dev, generator)._cast(dt.int64) * span >> 32) + low
   else:
-    b = _random_bits(2 * n, dev).reshape(2, n)._cast(dt.int64)
+    b = _random_bits(2 * n, dev, generator).reshape(2, n)._cast(dt.int64)
     out = ((b[0] << 31) ^ b[1]) % span + low
   return out._cast(dt.to_dtype(dtype) if dtype is not None else dt.int64).reshape(size)
 
 
-def randperm(n: int, device=None, dtype=None) -> Tensor:
-  keys = rand(n, device=device)
+def randperm(n: int, generator=None, device=None, dtype=None) -> Tensor:
+  keys = rand(n, generator=generator, device=device)
   return keys.argsort()._cast(dt.to_dtype(dtype) if dtype is not None else dt.int64)
 
 
@@ -1888,3 +1943,73 @@ Tensor.sort = _sort
 Tensor.msort = _msort
 Tensor.topk = _topk
 Tensor.kthvalue = _kthvalue
+
+
+# ---- sampling and *_like constructors that PyTorch programs use -----------------------------------------
+
+def randint_like(input: Tensor, low: int = 0, high: int | None = None, *, dtype=None, device=None,
+                 generator=None) -> Tensor:
+  """randint_like(input, high) or randint_like(input, low, high), as PyTorch spells it."""
+  if high is None: low, high = 0, low
+  return randint(low, high, input.shape, generator=generator, dtype=dtype or input.dtype, device=device or input.device)
+
+
+_NO_REPLACEMENT_ARGSORT = 4096   # without replacement and more than a few samples: one O(n^2) argsort up to this n
+
+
+def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, generator=None) -> Tensor:
+  """Indices drawn from the categories of each row of `input` (1-D or 2-D; non-negative weights that need not
+  sum to one), int64 of shape (num_samples,) or (rows, num_samples), as torch.multinomial.
+
+  Exponential races: category i of a row wins with key E_i / p_i smallest (E_i ~ Exp(1) from fusegrad's
+  counter-based generator), which is category i with probability p_i / sum(p). With replacement each sample
+  runs its own race (one fused kernel: the random keys and the arg-min); without replacement one race per row,
+  and the samples are its first `num_samples` finishers, which is sequential sampling without replacement.
+  The weights are checked as PyTorch checks them (a host read of two flags: the input is realized first)."""
+  if not isinstance(input, Tensor): raise TypeError(f"multinomial(): input must be a Tensor, got {type(input).__name__}")
+  if not input.dtype.is_float:
+    raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {input.dtype.name}")
+  if input.ndim not in (1, 2):
+    raise RuntimeError(f"prob_dist must be 1 or 2 dim, got a {input.ndim}-D tensor of shape {list(input.shape)}")
+  if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)):
+    raise TypeError(f"multinomial(): num_samples must be an int, got {type(num_samples).__name__}")
+  k, n = int(num_samples), input.shape[-1]
+  if k <= 0: raise RuntimeError("cannot sample n_sample <= 0 samples")
+  if not replacement and k > n:
+    raise RuntimeError(f"cannot sample n_sample > prob_dist.size(-1) samples without replacement "
+                       f"(n_sample={k}, prob_dist.size(-1)={n})")
+  rows = input.shape[0] if input.ndim == 2 else 1
+  with autograd.no_grad():
+    p = input.detach().reshape(rows, n)
+    p = p._cast(dt.float64 if p.dtype == dt.float64 else dt.float32).contiguous().realize()
+    flags = stack([(p.isfinite().logical_not() | (p < 0)).any(), (p.sum(-1) <= 0).any()]).numpy()
+    if flags[0]: raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if flags[1]: raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    q = (p / p.amax(-1, keepdim=True))._cast(dt.float32)   # in (0, 1] where positive: E / q stays finite
+    if replacement:
+      # a [rows, chunk, n] race per chunk of samples keeps the random keys of one kernel bounded
+      chunk = builtins.max(1, (1 << 24) // builtins.max(rows * n, 1))
+      parts = []
+      for start in range(0, k, chunk):
+        m = builtins.min(chunk, k - start)
+        e = -(1.0 - rand(rows, m, n, generator=generator, device=p.device)).log()   # Exp(1); 1 - u is in (0, 1]
+        parts.append(where(q.unsqueeze(1) > 0, e / q.unsqueeze(1), math.inf).argmin(-1))
+      out = parts[0] if len(parts) == 1 else cat(parts, 1)
+    else:
+      e = -(1.0 - rand(rows, n, generator=generator, device=p.device)).log()
+      # finite keys: positive weights first, then zero weights (PyTorch also returns those once the positive
+      # ones are used up); a chosen category's key becomes inf, so samples stay distinct
+      key = where(q > 0, (e / q).minimum(1e38), 2e38)
+      if k == 1: out = key.argmin(-1, keepdim=True)
+      elif n <= _NO_REPLACEMENT_ARGSORT: out = key.argsort(-1)[:, :k]
+      else:
+        # k rounds over realized keys: the same two small kernels every round, compiled once (a lazy chain
+        # would make k growing kernels, each compiled anew)
+        key, ids, picks = key.realize(), arange(n, device=p.device).reshape(1, n), []
+        for _ in range(k):
+          i = key.argmin(-1, keepdim=True).realize()
+          picks.append(i)
+          key = where(ids == i, math.inf, key).realize()
+        out = cat(picks, 1)
+    out = out._cast(dt.int64)
+  return out.reshape(k) if input.ndim == 1 else out

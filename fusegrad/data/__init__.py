@@ -4,7 +4,11 @@
     x, y = load_digits(split="train")
     for xb, yb in DataLoader((x / 16, y), batch_size=64, shuffle=True, seed=0): ...
 """
-from fusegrad.data.loader import Dataset, TensorDataset, DataLoader, default_collate
+from fusegrad.data.loader import (Dataset, IterableDataset, ChainDataset, TensorDataset, Subset, ConcatDataset,
+                                  random_split, Sampler, SequentialSampler, RandomSampler, SubsetRandomSampler,
+                                  WeightedRandomSampler, BatchSampler, DataLoader, default_collate)
 from fusegrad.data.datasets import load_digits
 
-__all__ = ["Dataset", "TensorDataset", "DataLoader", "default_collate", "load_digits"]
+__all__ = ["Dataset", "IterableDataset", "ChainDataset", "TensorDataset", "Subset", "ConcatDataset", "random_split",
+           "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler",
+           "BatchSampler", "DataLoader", "default_collate", "load_digits"]

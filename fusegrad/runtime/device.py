@@ -45,11 +45,19 @@ def canonical(name) -> str:
     from fusegrad import config
     name = config.DEVICE
   if isinstance(name, Device): return name.name
-  s = str(name).upper()
+  s = str(name).upper()   # fusegrad.device objects and torch-style names ("cpu", "cuda:0") read as their string
   base = s.split(":")[0]
   if base not in BACKENDS:
+    if base in _ELSEWHERE:
+      raise RuntimeError(f"{_ELSEWHERE[base]} is not available: fusegrad has no {base} device (asked for {str(name)!r}); "
+                         f"fusegrad's devices are {', '.join(BACKENDS)} (fusegrad.device('cpu') is CPU)")
     raise RuntimeError(f"unknown device {name!r}; known devices: {', '.join(BACKENDS)}")
   return base
+
+
+# PyTorch's device types that fusegrad does not (yet) have: a clear "not available" where one is asked for
+_ELSEWHERE = {"CUDA": "CUDA", "MPS": "MPS (Apple Metal)", "XPU": "XPU", "HIP": "HIP", "XLA": "XLA", "META": "the meta device",
+              "MTIA": "MTIA", "HPU": "HPU", "IPU": "IPU", "VULKAN": "Vulkan"}
 
 
 def get(name) -> "Device":
@@ -100,6 +108,18 @@ class Buffer:
     out = np.empty(self.size, dtype=self.dtype.np)
     if self.size: self.device.copyout(out.view(np.uint8), self.handle)
     return out
+
+
+class ExternalBuffer(Buffer):
+  """A Buffer over memory that something else owns (the numpy array of `fusegrad.from_numpy`). It is never given
+  to the device's reuse pool: a freed handle there would let a later kernel write into the owner's memory."""
+  __slots__ = ("owner",)
+
+  def __init__(self, device: "Device", size: int, dtype: dt.DType, handle, owner):
+    super().__init__(device, size, dtype)
+    self._handle, self.owner = handle, owner
+
+  def __del__(self): pass
 
 
 @dataclass
