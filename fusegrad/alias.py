@@ -41,7 +41,7 @@ class Storage:
     return self.version - sum(1 for w in self.writes if w > seq)
 
 
-def _storage_of(t) -> Storage:
+def storage_of(t) -> Storage:
   """t's storage, making t the base of a new one if it has none."""
   a = t._alias
   if a is None:
@@ -145,8 +145,9 @@ def write(t, r) -> None:
   see the write; autograd is told (rebinding with history) where it records."""
   from fusegrad.tensor import Tensor
   a = t._alias
-  if a is None:     # the common case: a tensor nobody viewed
-    st = _storage_of(t)
+  if a is None or type(a[1]) is not tuple:     # the common case: a tensor nobody viewed
+    t._alias = None     # (an internal snapshot that gets written becomes a tensor of its own)
+    st = storage_of(t)
     chain = ()
   else:
     st, chain = a[0], a[1]

@@ -307,7 +307,11 @@ class Tensor:
       return Tensor(_node=gn.const(n.arg, n.dtype, tuple(shape), n.device))
     x = self
     if len(shape) > self.ndim: x = x._mv("RESHAPE", (1,) * (len(shape) - self.ndim) + self.shape)
-    return x._mv("EXPAND", tuple(shape))
+    x = x._mv("EXPAND", tuple(shape))
+    # an operand broadcast for an op that autograd records: a gradient rule may save it, so it answers to
+    # self's version counter (alias.py; no view: writes do not reach it)
+    if self.requires_grad: x._alias = (alias.storage_of(self), None, None)
+    return x
 
   def _mv(self, op: str, arg) -> "Tensor":
     return self._prim("MOVE", (op, arg), gn.movement(self.node, op, arg))
