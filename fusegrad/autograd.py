@@ -11,7 +11,6 @@ import itertools
 import math
 import threading
 from fusegrad import dtype as dt
-from fusegrad.engine import jit as _jit
 
 _state = threading.local()
 _seq = itertools.count()   # recipes are numbered in creation order (see rebind)
@@ -47,15 +46,22 @@ def record(out, kind: str, arg, inputs: tuple) -> None:
     out.requires_grad = True
 
 
-def rebind(t, new) -> None:
-  """t takes new's value in place (an in-place op). new's recipe may read t's old value through the
-  object t itself: those references move to a stand-in for the old value, so the graph stays acyclic."""
-  _jit.note_rebind(t)
+def rebind(t, new, s: int) -> None:
+  """t takes new's value and recipe in place (fusegrad/alias.py calls this for each tensor a write reaches; s is
+  the write's sequence number). t's previous state moves to a stand-in kept in t's history: recipes recorded
+  before the write resolve t to it (`_resolve`), so they keep the value and the graph they saw. new's own recipes
+  that read t (the in-place op itself, `b.mul_(3)`) are pointed at the stand-in directly: like PyTorch, which
+  saves what an in-place op needs of its input before overwriting it, they are exempt from the version check."""
+  if t._ctx is None and t.requires_grad:    # a leaf keeps its identity: its gradient goes to it, whatever its value
+    t.node = new.node
+    return
+  from fusegrad.tensor import Tensor
+  a = t._alias
+  old = Tensor(_node=t.node)
+  old._ctx, old.requires_grad = t._ctx, t.requires_grad
+  old._alias = (a[0], False, a[2])        # False: a stand-in, no view; its value never changes
   if new._ctx is not None:
-    from fusegrad.tensor import Tensor
-    old = Tensor(_node=t.node)
-    old._ctx, old.requires_grad = t._ctx, t.requires_grad
-    since = t._ctx[4] if t._ctx is not None else -1
+    since = _installed(t._ctx) if t._ctx is not None else -1
     stack, seen = [new], set()
     while stack:
       x = stack.pop()
@@ -65,8 +71,28 @@ def rebind(t, new) -> None:
       if any(i is t for i in ins):
         x._ctx = x._ctx[:2] + (tuple(old if i is t else i for i in ins),) + x._ctx[3:]
       stack.extend(i for i in ins if i is not t)
-  t.node, t._ctx = new.node, new._ctx
+    t._ctx = new._ctx[:5] + (s,)
+  elif t.requires_grad:    # overwritten by a value that needs no gradient: no leaf, and nothing flows back
+    t._ctx = ("CONTIGUOUS", None, (Tensor(_node=new.node),), new.node, s, s)
+  else:
+    t._ctx = None
+  t._alias = (a[0], a[1], (s, old))
+  t.node = new.node
   t.requires_grad = t.requires_grad or new.requires_grad
+
+
+def _installed(ctx) -> int:
+  """The sequence number from which a recipe is its tensor's state (its recording, or the write that installed it)."""
+  return ctx[5] if len(ctx) > 5 else ctx[4]
+
+
+def _resolve(i, seq: int):
+  """The state that tensor i had when the recipe numbered seq was recorded (i as it is, unless written since)."""
+  a = i._alias
+  while a is not None and a[2] is not None and seq < a[2][0]:
+    i = a[2][1]
+    a = i._alias
+  return i
 
 
 # ---- the rules: (arg, inputs, out_tensor, grad) -> one gradient (or None) per input ------------------
@@ -282,7 +308,92 @@ RULES = {
 }
 
 
+# ---- what each rule reads: PyTorch's saved tensors -------------------------------------------------------
+
+_READS_OUT = {"EXP", "SQRT", "TAN", "TANH", "RECIP"}
+_READS_IN = {"LOG", "SIN", "COS", "ERF", "ABS"}
+
+
+def _saved(kind: str, arg, ins) -> tuple:
+  """(indices of the inputs whose values the rule reads, whether it reads the output), for the inputs that
+  need a gradient: what PyTorch would save for backward. A saved value must not have been written since."""
+  if kind == "ALU":
+    op = arg
+    if op in ("ADD", "SUB", "NEG", "FLOOR", "CEIL", "RINT", "TRUNC"): return (), False
+    if op in _READS_OUT: return (), True
+    if op in _READS_IN: return (0,), False
+    a_rg, b_rg = ins[0].requires_grad, len(ins) > 1 and ins[1].requires_grad
+    if op == "MUL": return (1,) * a_rg + (0,) * b_rg, False
+    if op in ("DIV", "MOD"): return ((0, 1) if b_rg else (1,) if a_rg else ()), False
+    if op == "POW": return ((0, 1) if a_rg else (0,)), b_rg
+    if op in ("MAX", "MIN"): return (0, 1), False
+    if op == "WHERE": return (0,), False
+    return (), False
+  if kind == "REDUCE": return ((), False) if arg[0] == "SUM" else ((0,), True)
+  if kind == "MATMUL": return (1,) * ins[0].requires_grad + (0,) * ins[1].requires_grad, False
+  if kind == "GATHER": return (1,), False
+  if kind in ("SIGMOID", "RELU"): return (), True
+  if kind == "TAKE_ROWS": return (), False
+  return (), False
+
+
+def _saves_something(kind: str, arg, ins) -> bool:
+  if kind == "TAKE_ROWS": return True      # the indices, held in the recipe
+  i, o = _saved(kind, arg, ins)
+  return bool(i) or o
+
+
+class _Freed:
+  """Marks a recipe whose saved values a backward without retain_graph released."""
+
+
+_FREED = _Freed()
+
+
+def _op_name(ctx) -> str:
+  kind, arg = ctx[0], ctx[1]
+  name = arg if kind == "ALU" else arg[0] if kind in ("MOVE", "REDUCE") else kind
+  return name.capitalize()
+
+
+def _modified(t, st, seq: int, ctx) -> RuntimeError:
+  which = f", which is output 0 of {_op_name(ctx)}," if ctx is not None else ""
+  return RuntimeError(f"one of the variables needed for gradient computation has been modified by an inplace "
+                      f"operation: [fusegrad.{t.dtype.name} {list(t.shape)}]{which} is at version {st.version}; "
+                      f"expected version {st.version_at(seq)} instead. Hint: the value was written (an in-place op on "
+                      f"it or on a tensor sharing its storage) after the operation that saved it for backward; clone() "
+                      f"it before writing.")
+
+
+def _check_saved(t, ctx, ins) -> None:
+  """PyTorch's version-counter check: the values t's rule reads are still the ones it was recorded with."""
+  kind, arg, orig, _, seq = ctx[:5]
+  idx, out = _saved(kind, arg, ins)
+  for k in idx:
+    i = orig[k]    # as recorded: a stand-in (chain False) is a snapshot nothing can write
+    a = i._alias
+    if a is not None and a[1] is not False and a[0].written_after(seq):
+      raise _modified(i, a[0], seq, i._ctx)
+  if out:
+    a = t._alias
+    if a is None: return
+    st, since = a[0], _installed(ctx)
+    if a[1] is False or st.written_after(since): raise _modified(t, st, since, ctx)
+
+
+_SECOND = ("Trying to backward through the graph a second time (or directly access saved tensors after they have "
+           "already been freed). Saved intermediate values of the graph are freed when you call .backward() or "
+           "autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or if "
+           "you need to access saved tensors after calling backward.")
+
+
 # ---- the backward pass ----------------------------------------------------------------------------------
+
+def _inputs(t) -> tuple:
+  """t's recipe inputs, each in the state it had when the recipe was recorded."""
+  ctx = t._ctx
+  return tuple(_resolve(i, ctx[4]) if i._alias is not None else i for i in ctx[2])
+
 
 def _toposort(roots) -> list:
   order, seen = [], set()
@@ -295,29 +406,41 @@ def _toposort(roots) -> list:
       seen.add(id(t))
       stack.append((t, True))
       if t._ctx is not None:
-        for i in t._ctx[2]:
+        for i in _inputs(t):
           if i.requires_grad: stack.append((i, False))
   return order
 
 
-def _run(outputs, grad_outputs, inputs=None) -> dict:
-  """Propagate from outputs; returns id(tensor) -> gradient for leaves (or for `inputs`)."""
+def _run(outputs, grad_outputs, inputs=None, retain_graph: bool = False, create_graph: bool = False) -> tuple:
+  """Propagate from outputs; returns (id(tensor) -> gradient, the tensors in order) for leaves (or for `inputs`)."""
   grads: dict = {}
   for o, g in zip(outputs, grad_outputs): grads[id(o)] = g if id(o) not in grads else grads[id(o)] + g
   wanted = {id(t) for t in inputs} if inputs is not None else None
-  with no_grad():
-    for t in reversed(_toposort(outputs)):
+  order = _toposort(outputs)
+  done = []
+  with (enable_grad() if create_graph else no_grad()):
+    for t in reversed(order):
       g = grads.get(id(t))
       if g is None or t._ctx is None: continue
       if wanted is not None and id(t) in wanted: continue
-      kind, arg, ins, out_node, _ = t._ctx
-      gs = RULES[kind](arg, ins, _T(out_node), g)
+      ctx = t._ctx
+      kind, arg, _, out_node = ctx[:4]
+      if out_node is _FREED: raise RuntimeError(_SECOND)
+      ins = _inputs(t)
+      _check_saved(t, ctx, ins)
+      out = t if t.node is out_node else _T(out_node)
+      gs = RULES[kind](arg, ins, out, g)
+      done.append((t, ins))
       for i, gi in zip(ins, gs):
         if gi is None or not i.requires_grad: continue
         if gi.dtype != i.dtype and i.dtype.is_float: gi = gi.to(i.dtype)
         if gi.shape != i.shape: gi = gi.expand(*i.shape) if gi.numel() == 1 else gi.reshape(i.shape)
         grads[id(i)] = gi if id(i) not in grads else grads[id(i)] + gi
-  return grads
+  if not retain_graph:    # release what the rules saved, as PyTorch frees a graph's saved tensors
+    for t, ins in done:
+      ctx = t._ctx
+      if _saves_something(ctx[0], ctx[1], ins): t._ctx = ctx[:3] + (_FREED,) + ctx[4:]
+  return grads, order
 
 
 def _seed(t, gradient):
@@ -331,19 +454,27 @@ def _seed(t, gradient):
   return g
 
 
-def backward(t, gradient=None) -> None:
+def backward(t, gradient=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None) -> None:
+  """Tensor.backward: accumulate d t / d leaf into each leaf's .grad (or into `inputs`' .grad only)."""
+  from fusegrad.tensor import Tensor
   if not t.requires_grad:
     raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
-  grads = _run([t], [_seed(t, gradient)])
-  for leaf in _toposort([t]):
-    if leaf._ctx is None and leaf.requires_grad and id(leaf) in grads:
+  if retain_graph is None: retain_graph = create_graph
+  if inputs is not None:
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    if not inputs: raise RuntimeError("'inputs' argument to backward() cannot be empty.")
+  grads, order = _run([t], [_seed(t, gradient)], inputs, retain_graph, create_graph)
+  targets = inputs if inputs is not None else [x for x in order if x._ctx is None and x.requires_grad]
+  for leaf in targets:
+    if id(leaf) in grads:
       g = grads[id(leaf)]
       leaf.grad = g if leaf.grad is None else leaf.grad + g
 
 
-def grad(outputs, inputs, grad_outputs=None, allow_unused: bool = False) -> tuple:
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, create_graph: bool = False,
+         allow_unused: bool = False) -> tuple:
   """torch.autograd.grad: gradients of outputs w.r.t. inputs, without touching .grad."""
-  from fusegrad.tensor import Tensor, zeros_like
+  from fusegrad.tensor import Tensor
   outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
   inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
   if grad_outputs is None: grad_outputs = [None] * len(outputs)
@@ -351,7 +482,8 @@ def grad(outputs, inputs, grad_outputs=None, allow_unused: bool = False) -> tupl
   for o in outputs:
     if not o.requires_grad:
       raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
-  grads = _run(outputs, [_seed(o, g) for o, g in zip(outputs, grad_outputs)], inputs)
+  if retain_graph is None: retain_graph = create_graph
+  grads, _ = _run(outputs, [_seed(o, g) for o, g in zip(outputs, grad_outputs)], inputs, retain_graph, create_graph)
   out = []
   for i in inputs:
     if id(i) not in grads:

@@ -19,8 +19,10 @@ from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod
 from fusegrad.runtime import device as rd
 from fusegrad import autograd
+from fusegrad import alias
 from fusegrad.engine import jit as _jit
 
+_DETACH = (("DETACH", None),)
 ReturnMinMax = namedtuple("return_types", ["values", "indices"])
 
 # a reduction over at least this many elements into few outputs runs as two kernels (split reduce)
@@ -127,12 +129,13 @@ def _result_type(*operands) -> DType:
 # ---- the tensor ----------------------------------------------------------------------------------------------
 
 class Tensor:
-  __slots__ = ("node", "requires_grad", "grad", "_ctx", "__weakref__")
+  # _alias: None, or (storage, view chain, history) once the tensor is viewed or written in place (alias.py)
+  __slots__ = ("node", "requires_grad", "grad", "_ctx", "_alias", "__weakref__")
   __hash__ = object.__hash__
   __array_priority__ = 1000   # numpy defers to our reflected operators
 
   def __init__(self, data=None, dtype=None, device=None, requires_grad: bool = False, *, _node: Node | None = None):
-    self.requires_grad, self.grad, self._ctx = False, None, None
+    self.requires_grad, self.grad, self._ctx, self._alias = False, None, None, None
     if _node is not None:
       self.node = _node
       if requires_grad: self.requires_grad_()
@@ -195,8 +198,22 @@ class Tensor:
       raise RuntimeError("you can only change requires_grad flags of leaf variables.")
     self.requires_grad = requires_grad
     return self
-  def detach(self) -> "Tensor": return Tensor(_node=self.node)
-  def backward(self, gradient=None) -> None: autograd.backward(self, gradient)
+  def detach(self) -> "Tensor":
+    """A tensor outside the graph that shares this one's storage (in-place ops on either reach the other)."""
+    return alias.view(self, Tensor(_node=self.node), _DETACH)
+  @property
+  def data(self) -> "Tensor": return self.detach()
+  @data.setter
+  def data(self, value: "Tensor") -> None:
+    """t.data = v: t now shares v's storage (its old views keep the old one), keeping requires_grad, as torch."""
+    if not isinstance(value, Tensor): raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
+    _jit.note_rebind(self)
+    alias.leave(self)
+    self.node = value.node
+    a = value._alias
+    if a is None or type(a[1]) is tuple: alias.view(value, self, _DETACH)
+  def backward(self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None) -> None:
+    autograd.backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
   @property
   def is_leaf(self) -> bool: return self._ctx is None
 
@@ -319,10 +336,18 @@ class Tensor:
       return Tensor(_node=gn.const(n.arg, n.dtype, tuple(shape), n.device))
     x = self
     if len(shape) > self.ndim: x = x._mv("RESHAPE", (1,) * (len(shape) - self.ndim) + self.shape)
-    return x._mv("EXPAND", tuple(shape))
+    x = x._mv("EXPAND", tuple(shape))
+    # an operand broadcast for an op that autograd records: a gradient rule may save it, so it answers to
+    # self's version counter (alias.py; no view: writes do not reach it)
+    if self.requires_grad: x._alias = (alias.storage_of(self), None, None)
+    return x
 
   def _mv(self, op: str, arg) -> "Tensor":
     return self._prim("MOVE", (op, arg), gn.movement(self.node, op, arg))
+
+  def _view(self, op: str, arg) -> "Tensor":
+    """A movement whose result is a view of this tensor (shares its storage, as PyTorch's views do)."""
+    return alias.view(self, self._prim("MOVE", (op, arg), gn.movement(self.node, op, arg)), ((op, arg),))
 
   def _alu(self, op: str, *others, dtype: DType | None = None, out: DType | None = None) -> "Tensor":
     """Apply a primitive op with PyTorch's promotion and broadcasting; `dtype` forces the compute dtype."""
@@ -657,10 +682,11 @@ class Tensor:
     return self._assign(r._cast(self.dtype))
 
   def _assign(self, r: "Tensor") -> "Tensor":
-    """Rebind this tensor to a new lazy value (an in-place op), keeping autograd consistent."""
+    """Give this tensor a new lazy value in place (r: same shape and dtype): the tensors sharing its storage
+    see it, and autograd stays consistent (alias.write)."""
     if self.requires_grad and self._ctx is None and autograd.grad_enabled():
       raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-    autograd.rebind(self, r)
+    alias.write(self, r)
     return self
   def __iadd__(self, o): return self._inplace(self + o)
   def __isub__(self, o): return self._inplace(self - o)
@@ -677,6 +703,18 @@ class Tensor:
   def mul_(self, o): return self._inplace(self * o)
   def div_(self, o): return self._inplace(self / o)
   def clamp_(self, min=None, max=None): return self._inplace(self.clamp(min, max))
+  def clamp_min_(self, min): return self._inplace(self.clamp(min=min))
+  def clamp_max_(self, max): return self._inplace(self.clamp(max=max))
+  def pow_(self, exponent): return self._inplace(self.pow(exponent))
+  def neg_(self): return self._inplace(self.neg())
+  def abs_(self): return self._inplace(self.abs())
+  def exp_(self): return self._inplace(self.exp())
+  def log_(self): return self._inplace(self.log())
+  def sqrt_(self): return self._inplace(self.sqrt())
+  def tanh_(self): return self._inplace(self.tanh())
+  def sigmoid_(self): return self._inplace(self.sigmoid())
+  def relu_(self): return self._inplace(self.relu())
+  def masked_fill_(self, mask, value): return self._inplace(self.masked_fill(mask, value))
   def zero_(self): return self.fill_(0)
   def fill_(self, value):
     return self._assign(Tensor(_node=gn.const(value, self.dtype, self.shape, self.device)))
@@ -702,7 +740,9 @@ class Tensor:
     else:
       real = tuple(sorted(a for a in axes if self.shape[a] != 1))   # size-1 axes reduce nothing
       if real: x = self._prim("REDUCE", (op, real), gn.reduce(x.node, op, real))
-    if not keepdim: x = x.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+    if not keepdim:   # a reduction's result is a new tensor, even where it reduces nothing
+      shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
+      if shape != x.shape: x = x._mv("RESHAPE", shape)
     return x
 
   def _split_reduce(self, op: str, axes: tuple) -> "Tensor":
@@ -819,7 +859,7 @@ class Tensor:
   @_float32_inside
   def logsumexp(self, dim, keepdim: bool = False):
     x = self._cast(self._float_dtype())
-    m = x._reduce("MAX", dim, True).detach()     # the shift's gradient cancels: leave it out of the graph
+    m = Tensor(_node=x._reduce("MAX", dim, True).node)     # the shift's gradient cancels: leave it out of the graph
     m = where(m.isinf(), 0.0, m)
     out = (x - m).exp().sum(dim, keepdim=True).log() + m
     return out if keepdim else out.squeeze(_norm_dims(dim, self.ndim))
@@ -827,13 +867,13 @@ class Tensor:
     _check_softmax_dim(dim, "softmax")
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
     if x.dtype in HALF_FLOATS: return x._cast(dt.float32).softmax(dim)._cast(x.dtype)   # one rounding, as PyTorch's
-    e = (x - x._reduce("MAX", dim, True).detach()).exp()
+    e = (x - Tensor(_node=x._reduce("MAX", dim, True).node)).exp()   # detached
     return e / e.sum(dim, keepdim=True)
   def log_softmax(self, dim: int = -1, dtype=None):
     _check_softmax_dim(dim, "log_softmax")
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
     if x.dtype in HALF_FLOATS: return x._cast(dt.float32).log_softmax(dim)._cast(x.dtype)
-    s = x - x._reduce("MAX", dim, True).detach()
+    s = x - Tensor(_node=x._reduce("MAX", dim, True).node)   # detached
     return s - s.exp().sum(dim, keepdim=True).log()
   def cumsum(self, dim: int, dtype=None):
     d = _norm_dim(dim, self.ndim)   # a 0-d tensor takes dim 0 or -1
@@ -866,7 +906,7 @@ class Tensor:
     if prod(shape) != self.numel():
       raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {self.numel()}")
     if shape == self.shape: return self
-    return self._mv("RESHAPE", shape)
+    return self._view("RESHAPE", shape)
   view = reshape
   def view_as(self, other): return self.reshape(other.shape)
   reshape_as = view_as
@@ -878,7 +918,7 @@ class Tensor:
                          f"len(dims) = {len(dims)}")
     order = _norm_dims(dims, self.ndim)
     if order == tuple(range(self.ndim)): return self
-    return self._mv("PERMUTE", order)
+    return self._view("PERMUTE", order)
   def transpose(self, dim0: int, dim1: int) -> "Tensor":
     if self.ndim == 0: return self
     a, b = _norm_dim(dim0, self.ndim), _norm_dim(dim1, self.ndim)
@@ -904,7 +944,10 @@ class Tensor:
         raise RuntimeError(f"The expanded size of the tensor ({s}) must match the existing size ({o}) at non-singleton "
                            f"dimension {i}.  Target sizes: {list(shape)}.  Tensor sizes: {list(self.shape)}")
       new.append(s)
-    return self._broadcast_to(tuple(new))
+    new = tuple(new)
+    if new == self.shape: return self
+    ops = ((("RESHAPE", old),) if len(new) > self.ndim else ()) + (("EXPAND", new),)
+    return alias.view(self, self._broadcast_to(new), ops)
   def expand_as(self, other): return self.expand(other.shape)
   def broadcast_to(self, shape): return self.expand(*shape)
   def squeeze(self, dim=None) -> "Tensor":
@@ -934,16 +977,16 @@ class Tensor:
     axes = _norm_dims(dims, self.ndim)
     if not axes: return self
     return self._mv("FLIP", axes)
-  def _shrink(self, bounds) -> "Tensor":
+  def _shrink(self, bounds, view: bool = False) -> "Tensor":
     bounds = tuple(tuple(b) for b in bounds)
     if all(b == (0, s) for b, s in zip(bounds, self.shape)): return self
-    return self._mv("SHRINK", bounds)
+    return self._view("SHRINK", bounds) if view else self._mv("SHRINK", bounds)
   def narrow(self, dim: int, start: int, length: int) -> "Tensor":
     d = _norm_dim(dim, self.ndim)
     if start < 0: start += self.shape[d]
     if not (0 <= start <= self.shape[d]) or length < 0 or start + length > self.shape[d]:
       raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({self.shape[d]}).")
-    return self._shrink([(start, start + length) if i == d else (0, s) for i, s in enumerate(self.shape)])
+    return self._shrink([(start, start + length) if i == d else (0, s) for i, s in enumerate(self.shape)], view=True)
   def pad(self, padding, value=0.0, mode: str = "constant") -> "Tensor":
     """torch.nn.functional.pad: (left, right) pairs from the last dim backwards; modes constant,
     reflect, replicate and circular (the last three as views joined by one fused kernel)."""
@@ -1041,8 +1084,9 @@ class Tensor:
       raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
     base = (1,) * (len(sizes) - self.ndim) + self.shape
     x = self.reshape(tuple(v for s in base for v in (1, s)))
-    x = x.expand(*[v for r, s in zip(sizes, base) for v in (r, s)])
-    return x.reshape(tuple(r * s for r, s in zip(sizes, base)))
+    x = x._broadcast_to(tuple(v for r, s in zip(sizes, base) for v in (r, s)))
+    out = x._mv("RESHAPE", tuple(r * s for r, s in zip(sizes, base)))
+    return out if out is not self else self.clone()   # a copy, as in PyTorch: no view of self
   def gather(self, dim: int, index: "Tensor") -> "Tensor":
     """out[i][j][k] = self[index[i][j][k]][j][k] (dim 0): one gather kernel."""
     d = _norm_dim(dim, self.ndim)
@@ -1382,7 +1426,7 @@ def _getitem(x: Tensor, index, basic_only: bool = False, return_region: bool = F
     n = x.shape[0]
     if not -n <= index < n: raise IndexError(f"index {index} is out of bounds for dimension 0 with size {n}")
     i = index + n if index < 0 else index
-    return x._shrink([(i, i + 1)] + [(0, s) for s in x.shape[1:]]).reshape(x.shape[1:])
+    return x._shrink([(i, i + 1)] + [(0, s) for s in x.shape[1:]], view=True).reshape(x.shape[1:])
   if not isinstance(index, tuple): index = (index,)
   # expand Ellipsis, count the dims that the index consumes
   consumed = sum(1 for i in index if i is not None and i is not Ellipsis and not (isinstance(i, Tensor) and i.dtype.is_bool)) \
@@ -1450,10 +1494,14 @@ def _getitem(x: Tensor, index, basic_only: bool = False, return_region: bool = F
       continue
     raise IndexError(f"only integers, slices (`:`), ellipsis (`...`), None and integer or boolean tensors are valid "
                      f"indices (got {type(i).__name__})")
-  y = x._shrink(bounds)
-  if any(st < 0 for st in steps): y = y.flip(*[d for d, st in enumerate(steps) if st < 0])
+  view = not return_region   # basic indexing gives views of x (negative steps too, as numpy's do)
+  y = x._shrink(bounds, view=view)
+  if any(st < 0 for st in steps):
+    flips = tuple(d for d, st in enumerate(steps) if st < 0)
+    y = y._view("FLIP", flips) if view else y._mv("FLIP", flips)
   if any(abs(st) != 1 for st in steps):
-    y = y._mv("STRIDE", tuple(abs(st) for st in steps))
+    strides = tuple(abs(st) for st in steps)
+    y = y._view("STRIDE", strides) if view else y._mv("STRIDE", strides)
   shape = []
   for f in final_dims:
     if f[0] == "new": shape.append(1)

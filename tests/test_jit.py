@@ -92,12 +92,12 @@ def test_a_value_read_before_a_replay_keeps_its_value(rng):
   data = _batches(rng, 6)
   for x, y in data[:3]: step(x, y)
   w = model[0].weight
-  held = w.detach()                    # shares the parameter's current storage
-  lazy = w * 2                         # an unrealized graph that reads it
+  held = w.detach()                    # shares the parameter's storage: it follows the updates, as in torch
+  lazy = w * 2                         # an unrealized graph that reads the current value
   before = w.numpy().copy()
   for x, y in data[3:]: step(x, y)     # two replays: the parameter alternates between two buffers
   assert not np.array_equal(w.numpy(), before)
-  np.testing.assert_array_equal(held.numpy(), before)
+  np.testing.assert_array_equal(held.numpy(), w.numpy())
   np.testing.assert_array_equal(lazy.numpy(), before * 2)
 
 

@@ -12,7 +12,8 @@ What a replay reads and writes:
     a new key is warmed up and captured on its own);
   * the returned tensors: computed into fresh buffers each call (a kept result stays valid);
   * state: a tensor that existed before the step and that the step updated in place (`p._assign`,
-    `+=`, `copy_`, an optimizer's step, BatchNorm's running statistics). Each state tensor owns
+    `+=`, `copy_`, an optimizer's step, BatchNorm's running statistics; a write through a view updates
+    its base, and the base is the state: its views follow it at each replay). Each state tensor owns
     two buffers and a replay reads the current one and writes the other, never a buffer that a
     live tensor still holds, so a value read before a step stays what it was;
   * host values registered with `host()` (an optimizer's step count and learning rate, random
@@ -146,7 +147,8 @@ def guard(fn) -> None:
 
 
 def note_rebind(t) -> None:
-  """autograd.rebind tells the recorder about each in-place update (the candidates for state)."""
+  """alias.write tells the recorder about each in-place update (the candidates for state: the base tensor of
+  the storage written, whichever view the write went through)."""
   rec = getattr(_local, "rec", None)
   if rec is not None and id(t) not in rec.rebound: rec.rebound[id(t)] = (weakref.ref(t), t.node)
 
@@ -276,8 +278,9 @@ def _run(fn, args, kwargs, rec: _Recorder):
       modes = list(rec.modes.values())
       rec.guards.append(lambda: all(m() is None or m().training == t for m, t in modes))
   from fusegrad.graph import node as gn
+  from fusegrad import alias
   for t in states:   # a realized constant would still fold into the next step's graph as a literal: make it data
-    if t.node.op == "CONST": t.node = gn.buffer_node(t.node.buffer, t.dtype, t.shape, t.device)
+    if t.node.op == "CONST": alias.set_node(t, gn.buffer_node(t.node.buffer, t.dtype, t.shape, t.device))
   return out, outs, states
 
 
@@ -331,7 +334,8 @@ def _unshare(states: list) -> None:
     if id(b) in seen:
       nb = rd.Buffer(b.device, b.size, b.dtype)
       if b.size: nb.copyin(b.numpy())
-      t.node = gn.buffer_node(nb, t.dtype, t.shape, t.device)
+      from fusegrad import alias
+      alias.set_node(t, gn.buffer_node(nb, t.dtype, t.shape, t.device))
     seen.add(id(b))
 
 
@@ -439,6 +443,7 @@ class _Capture:
     from fusegrad.graph import node as gn
     from fusegrad.runtime import device as rd
     from fusegrad.engine.realize import launch
+    from fusegrad.alias import set_node
     sub: dict = {}
     for cap, t in zip(self.inputs, tensors):
       if not t.node.realized: t.realize()
@@ -489,7 +494,7 @@ class _Capture:
         _, src, dst = item
         sub.get(id(dst), dst).copyin(sub.get(id(src), src).numpy())
     flush()
-    for s, i in zip(self.states, targets): s.tensor.node = _owned_node(s, i, s.tensor)
+    for s, i in zip(self.states, targets): set_node(s.tensor, _owned_node(s, i, s.tensor))   # its views follow
     fresh_tensors = []
     for (b, fresh, dtype, shape, device), nb in zip(self.outs, results):
       if nb is None:   # not computed into a buffer of its own (an argument, a state, a constant): a copy

@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections import OrderedDict, namedtuple
 from typing import Iterator
 import fusegrad as fg
+from fusegrad import alias
 from fusegrad import dtype as dt
 from fusegrad.tensor import Tensor
 from fusegrad.engine import jit as _jit
@@ -15,15 +16,18 @@ class Parameter(Tensor):
   def __init__(self, data: Tensor | None = None, requires_grad: bool = True):
     if data is None: data = fg.empty(0)
     if not isinstance(data, Tensor): data = fg.tensor(data)
-    super().__init__(_node=data.detach().node)
+    super().__init__(_node=data.node)
     if requires_grad: self.requires_grad_()
 
   def __repr__(self) -> str: return "Parameter containing:\n" + super().__repr__()
 
 
-def _set_value(t: Tensor, value: Tensor) -> None:
-  """Give a leaf tensor (parameter, buffer) a new value in place, keeping its identity (optimizers hold it)."""
-  t.node = value.detach().node
+def _set_value(t: Tensor, value: Tensor, same_storage: bool = True) -> None:
+  """Give a leaf tensor (parameter, buffer) a new value in place, keeping its identity (optimizers hold it).
+  same_storage: a copy into its storage, which the tensors sharing it (state_dict() entries, views) see, as
+  load_state_dict's; else new storage, as Module.to's (what shared the old storage keeps the old value)."""
+  if not same_storage: alias.leave(t)
+  alias.set_node(t, value.node)
 
 
 _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -232,7 +236,8 @@ class Module:
       for reg in (m._parameters, m._buffers):
         for t in reg.values():
           if t is None: continue
-          _set_value(t, move(t))
+          moved_t = move(t)
+          if moved_t is not t: _set_value(t, moved_t, same_storage=False)
           if t.grad is not None: t.grad = move(t.grad)
           moved.append(t)
     if moved: fg.realize(*moved)

@@ -136,7 +136,7 @@ class Optimizer(abc.ABC):
     if isinstance(old, Tensor) and old.shape == value.shape and old.dtype == value.dtype:
       old._assign(value)
       return old
-    state[name] = value = value.detach()   # an object of its own: two states never alias (amsgrad's first max is v)
+    state[name] = value = Tensor(_node=value.node)   # a storage of its own: two states never alias (amsgrad's first max is v)
     return value
 
   @abc.abstractmethod
