@@ -1245,7 +1245,7 @@ def _moments(x: Tensor, axes: tuple, correction=0) -> tuple:
   n = prod(x.shape[a] for a in axes)
   c = None
   if n > 1:
-    c = x._shrink([(0, 1) if i in axes else (0, s) for i, s in enumerate(x.shape)]).detach()
+    c = Tensor(_node=x._shrink([(0, 1) if i in axes else (0, s) for i, s in enumerate(x.shape)]).node)   # detached
     x = x - c
   # float32 and narrower sum in float64 where the device has it: a float32 accumulator walking thousands of
   # values drifts by ~1e-6 relative (PyTorch's cascade sum does not)
