@@ -44,6 +44,7 @@ class inference_mode(contextlib.ContextDecorator):
     autograd._state.enabled = self._prev
     return False
   def clone(self) -> "inference_mode": return inference_mode(self.mode)
+  def _recreate_cm(self): return self.clone()   # a decorated function that recurses keeps one saved mode per call
 
 
 def is_inference_mode_enabled() -> bool: return not autograd.grad_enabled()

@@ -441,6 +441,10 @@ def test_grad_mode_switches():
   @fg.inference_mode()
   def g(): return w * 2
   assert not f().requires_grad and not g().requires_grad and fg.is_grad_enabled()
+
+  @fg.inference_mode()
+  def depth(n): return w * 2 if n == 0 else depth(n - 1)
+  assert not depth(3).requires_grad and fg.is_grad_enabled()   # recursion restores the caller's mode
   with fg.inference_mode(False): assert (w * 2).requires_grad
   fg.set_grad_enabled(False)
   assert not fg.is_grad_enabled() and not (w * 2).requires_grad
