@@ -32,7 +32,7 @@ GCC_FLAGS = ["-ftree-vectorize", "-fvect-cost-model=dynamic"]
 # (measured on 2 cores: a memory-bound add gains from a second thread from about 2^19 elements)
 PARALLEL_MIN_WORK = 1 << 20
 CHUNKS_PER_THREAD = 4
-# a long kernel is cut into chunks of about this much work (tens of milliseconds): the launcher returns to
+# a long kernel is cut into chunks of about this much work (a few milliseconds): the launcher returns to
 # Python between chunks to let a KeyboardInterrupt in, and a cancelled kernel stops after the chunks running
 CHUNK_WORK = 1 << 25
 MAX_PARTS = 1 << 20
