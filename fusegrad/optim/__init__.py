@@ -427,16 +427,22 @@ class NAdam(Optimizer):
 
   def _update(self, p, grad, g, state, s):
     c_grad, c_avg, bc2, eps, w1, b2, w2, wd, decay = (s[i] for i in range(9))
-    if g["maximize"]: grad = -grad
-    if g["weight_decay"]:
-      if g["decoupled_weight_decay"]: p = p * decay
-      else: grad = grad + wd * p
-    m, v = state.get("exp_avg"), state.get("exp_avg_sq")
-    m = self._set_state(state, "exp_avg", w1 * grad if m is None else _lerp(m, grad, w1))
-    v = self._set_state(state, "exp_avg_sq", w2 * (grad * grad) if v is None else v * b2 + w2 * (grad * grad))
+    p, grad, m, v = _adam_family_moments(self, p, grad, g, state, w1, b2, w2, wd, decay)
     denom = (v / bc2).sqrt() + eps
     p = p + c_grad * (grad / denom)
     return p + c_avg * (m / denom), [m, v]
+
+
+def _adam_family_moments(opt, p, grad, g, state, w1, b2, w2, wd, decay):
+  """NAdam's and RAdam's common part: maximize, L2 or decoupled weight decay, and the two moment updates."""
+  if g["maximize"]: grad = -grad
+  if g["weight_decay"]:
+    if g["decoupled_weight_decay"]: p = p * decay
+    else: grad = grad + wd * p
+  m, v = state.get("exp_avg"), state.get("exp_avg_sq")
+  m = opt._set_state(state, "exp_avg", w1 * grad if m is None else _lerp(m, grad, w1))
+  v = opt._set_state(state, "exp_avg_sq", w2 * (grad * grad) if v is None else v * b2 + w2 * (grad * grad))
+  return p, grad, m, v
 
 
 class RAdam(Optimizer):
@@ -466,13 +472,7 @@ class RAdam(Optimizer):
 
   def _update(self, p, grad, g, state, s):
     lr, bc1, bc2_sqrt, rect, adaptive, eps, w1, b2, w2, wd, decay = (s[i] for i in range(11))
-    if g["maximize"]: grad = -grad
-    if g["weight_decay"]:
-      if g["decoupled_weight_decay"]: p = p * decay
-      else: grad = grad + wd * p
-    m, v = state.get("exp_avg"), state.get("exp_avg_sq")
-    m = self._set_state(state, "exp_avg", w1 * grad if m is None else _lerp(m, grad, w1))
-    v = self._set_state(state, "exp_avg_sq", w2 * (grad * grad) if v is None else v * b2 + w2 * (grad * grad))
+    p, grad, m, v = _adam_family_moments(self, p, grad, g, state, w1, b2, w2, wd, decay)
     step = m / bc1 * lr
     step = fg.where(adaptive > 0.5, step * (bc2_sqrt / (v.sqrt() + eps)) * rect, step)
     return p - step, [m, v]
