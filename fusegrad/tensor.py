@@ -513,6 +513,9 @@ class Tensor:
       return self._alu("DIV", other, dtype=d)
     if rounding_mode == "trunc":
       d = _result_type(self, other)
+      if d in HALF_FLOATS:   # truncated in float32 and rounded once, as PyTorch's div_trunc does (34 - 0.1 is 33)
+        b = other if _is_scalar(other) else self._operand(other, d)._cast(dt.float32)
+        return self._cast(dt.float32).div(b, rounding_mode="trunc")._cast(d)
       q = self._alu("DIV", other, dtype=d)
       return q.trunc() if d.is_float else q
     if rounding_mode == "floor": return self.floor_divide(other)
