@@ -1,14 +1,42 @@
 """The kernel IR: one for every device.
 
-A Kernel is a set of stores over a parallel (global) index space. The values stored form a DAG of
+A Kernel is a set of stores over explicit axes. Every axis is a symbolic loop variable with a kind
+(AxisKind: run in parallel, by a work-group, as a loop, as a reduction, or expanded in registers);
+lowering makes every output dim a GLOBAL or LOOP axis and every reduction dim a REDUCE axis, and the
+optimizer's actions (codegen/opt) split, re-kind and reorder them. The values stored form a DAG of
 frozen Val records — loads through symbolic index expressions, constants, ALU ops and reductions
-whose loops are explicit. `linearize` (codegen/linearize.py) turns a Kernel into the flat
-statement listing that every renderer and the numpy interpreter walk.
+whose loops are explicit. codegen/pipeline.py takes a Kernel through actions, passes (expansion of
+register axes, binding of work-item indices), linearization and rendering.
 """
 from __future__ import annotations
+import enum
 from dataclasses import dataclass, field
 from fusegrad.dtype import DType
 from fusegrad.graph import symbolic as sym
+
+
+class AxisKind(enum.Enum):
+  GLOBAL = "global"              # one work item (or work-group) per index
+  LOCAL = "local"                # the work items of one work-group (devices with local memory)
+  LOOP = "loop"                  # a sequential loop inside each work item, over outputs
+  REDUCE = "reduce"              # a reduction's sequential loop
+  GROUP_REDUCE = "group_reduce"  # a reduction shared by the work items of a work-group (local memory)
+  UPCAST = "upcast"              # expanded in registers: one value (vector lane) per index
+  UNROLL = "unroll"              # a reduction's loop expanded in registers, updates in order
+
+
+# the kinds expanded into registers by codegen/passes.expand (no loop remains of them)
+REGISTER_KINDS = frozenset({AxisKind.UPCAST, AxisKind.UNROLL})
+
+
+@dataclass(frozen=True)
+class Axis:
+  var: sym.Var
+  kind: AxisKind
+
+  @property
+  def size(self) -> int: return self.var.hi + 1
+  def __repr__(self): return f"{self.var.name}:{self.kind.value}[{self.size}]"
 
 
 class Val:
@@ -64,29 +92,24 @@ class Alu(Val):
 class Reduce(Val):
   op: str                # SUM PROD MAX MIN
   dtype: DType
-  loops: tuple           # tuple[sym.Var]: the loop variables this reduction runs over
+  loops: tuple           # tuple[sym.Var]: the axes this reduction runs over, outermost first
   src: Val
-  lanes: int = 1         # >1: the last loop is a lane loop with one partial accumulator per lane,
-                         # folded after the loops (independent chains the compiler can vectorize)
-  lane_of: tuple = ()    # output loop vars: the lanes are that block of outputs, not folded, and the
-                         # value of this Reduce inside those loops is its lane (register blocking);
-                         # the last len(lane_of) loops of `loops` run over the same block
-
-  @property
-  def lane_index(self) -> sym.Lin:
-    """Which partial accumulator an update goes to, over the lane loops."""
-    lane_loops = self.loops[-len(self.lane_of):] if self.lane_of else self.loops[-1:]
-    out = sym.const(0)
-    for v in lane_loops: out = out * (v.hi + 1) + v
-    return out
+  more: tuple = ()       # further values folded into the accumulator after src, in order, in each
+                         # iteration (an UNROLL axis expanded: the same order as the loop it replaces)
 
 
 @dataclass(frozen=True, eq=True)
-class LaneRead(Val):
-  """Inside the output lane loops: the lane of an unfolded Reduce (made by the linearizer only)."""
-  reduce: Reduce
-  idx: sym.Lin           # over the Reduce's lane_of vars
+class GroupReduce(Val):
+  """The reduction of every work item's partial `src` over one axis of its work-group (GROUP_REDUCE, made by
+  codegen/passes.group): each item writes its partial into local memory at `mine`, the group meets at a
+  barrier, and each item folds the slots `slots` (its own position with the grouped axis at each index)."""
+  op: str
   dtype: DType
+  src: Val
+  var: sym.Var           # the grouped axis (gone from every index once the partials are in local memory)
+  mine: sym.Lin          # this item's slot: its flat position in the work-group
+  slots: tuple           # tuple[sym.Lin]: the slots folded, in order
+  size: int              # slots in the local buffer (the work-group's size)
 
 
 @dataclass(frozen=True)
@@ -101,25 +124,50 @@ class Store:
   buf: int
   idx: sym.Lin
   value: Val
+  valid: sym.Cond = sym.TRUE   # where false nothing is stored (an axis padded past its size)
 
 
 @dataclass(frozen=True)
 class Kernel:
   name: str
   bufs: tuple            # tuple[BufferArg]
-  gvars: tuple           # parallel dims (sym.Var), outermost first
-  loops: tuple           # sequential output loops (sym.Var) inside each parallel item
+  axes: tuple            # tuple[Axis]: output axes in nesting/flattening order, then the reductions' axes
   stores: tuple          # tuple[Store]
   flops: int = 0         # estimated, for reporting
-  gidx: sym.Var | None = None  # the flat parallel index the gvars are derived from
-  local_size: tuple | None = None  # work-group shape for devices that have one (None: the driver picks)
   cost: int = 0          # estimated work: flops with transcendental functions weighted, plus elements moved
+  opts: tuple = ()       # the optimizer's actions applied to the canonical kernel (codegen/opt), in order
+  tiled: bool = False    # output axes were expanded in registers (codegen/passes.expand): a register tile
+
+  def of_kind(self, *kinds) -> tuple:
+    return tuple(a for a in self.axes if a.kind in kinds)
+
+  def axis_index(self, var: sym.Var) -> int:
+    for i, a in enumerate(self.axes):
+      if a.var == var: return i
+    raise KeyError(var)
+
+  @property
+  def global_dims(self) -> tuple: return tuple(a.size for a in self.of_kind(AxisKind.GLOBAL))
+  @property
+  def local_dims(self) -> tuple: return tuple(a.size for a in self.of_kind(AxisKind.LOCAL, AxisKind.GROUP_REDUCE))
+
+  @property
+  def groups(self) -> int:
+    n = 1
+    for s in self.global_dims: n *= s
+    return n
+
+  @property
+  def local_size(self) -> tuple | None:
+    """Work items per work-group, or None (no LOCAL axes: the driver picks)."""
+    n = 1
+    for s in self.local_dims: n *= s
+    return (n,) if self.local_dims else None
 
   @property
   def global_size(self) -> int:
-    n = 1
-    for v in self.gvars: n *= v.hi + 1
-    return n
+    """Work items in all: the groups times their local size."""
+    return self.groups * (self.local_size[0] if self.local_size else 1)
 
 
 # 16-bit floats live in float32 registers; every computed value of such a dtype is rounded to it (see round16)
@@ -142,7 +190,8 @@ def is_round16(v: Val) -> bool:
 
 def children(v: Val) -> tuple:
   if isinstance(v, Alu): return v.src
-  if isinstance(v, (Reduce, Gather)): return (v.src,)
+  if isinstance(v, Reduce): return (v.src,) + v.more
+  if isinstance(v, (Gather, GroupReduce)): return (v.src,)
   return ()
 
 
@@ -170,9 +219,11 @@ def dependencies(roots) -> dict:
     elif isinstance(v, Valid): d = v.cond.variables()
     elif isinstance(v, Const): d = set()
     elif isinstance(v, Reduce):
-      d = deps[id(v.src)] - set(v.loops)
-      d = d | set(v.lane_of)
+      d = set()
+      for c in children(v): d |= deps[id(c)]
+      d -= set(v.loops)
     elif isinstance(v, Gather): d = deps[id(v.src)]
+    elif isinstance(v, GroupReduce): d = (deps[id(v.src)] | sym.variables(v.mine)) - {v.var}
     else:
       d = set()
       for c in v.src: d |= deps[id(c)]
@@ -180,8 +231,10 @@ def dependencies(roots) -> dict:
   return deps
 
 
-def substitute(roots, env: dict) -> list:
-  """The value DAG with index variables replaced (sym.substitute on every index and condition)."""
+def substitute(roots, env: dict, loops: dict | None = None) -> list:
+  """The value DAG with index variables replaced (sym.substitute on every index and condition); `loops` maps a
+  reduction's loop variable to the variables that replace it in its loops (an axis split in two)."""
+  loops = loops or {}
   memo: dict = {}
   def sub(v):
     r = memo.get(id(v))
@@ -191,8 +244,20 @@ def substitute(roots, env: dict) -> list:
     elif isinstance(v, Valid): r = Valid(v.cond.substitute(env), v.dtype)
     elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(sub(c) for c in v.src))
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, sub(v.src), v.dtype)
-    elif isinstance(v, Reduce): r = Reduce(v.op, v.dtype, v.loops, sub(v.src), v.lanes, v.lane_of)
+    elif isinstance(v, GroupReduce):
+      r = GroupReduce(v.op, v.dtype, sub(v.src), v.var, sym.substitute(v.mine, env),
+                      tuple(sym.substitute(x, env) for x in v.slots), v.size)
+    elif isinstance(v, Reduce):
+      r = Reduce(v.op, v.dtype, tuple(y for x in v.loops for y in loops.get(x, (x,))), sub(v.src), tuple(sub(c) for c in v.more))
     else: r = v
     memo[id(v)] = r
     return r
   return [sub(v) for v in roots]
+
+
+def substitute_kernel(k: Kernel, env: dict, loops: dict | None = None, axes: tuple | None = None, **changes) -> Kernel:
+  """k with index variables replaced in every value and store (see substitute), and new axes if given."""
+  vals = substitute([st.value for st in k.stores], env, loops)
+  stores = tuple(Store(st.buf, sym.substitute(st.idx, env), v, st.valid.substitute(env)) for st, v in zip(k.stores, vals))
+  from dataclasses import replace
+  return replace(k, stores=stores, axes=k.axes if axes is None else axes, **changes)

@@ -1,114 +1,211 @@
-"""Linearize a Kernel into a flat listing of statements for one parallel work item.
+"""Linearize an expanded, bound Kernel (codegen/passes) into a flat listing of typed statements for one work
+item; every renderer and the numpy interpreter walk this listing through one dispatch on the statement type.
 
-Each value goes to the outermost scope where everything it depends on exists, so loop-invariant
-code motion falls out: a value of the row is computed before the loop over the row's columns, a
-reduction's accumulator lives just outside its own loops. Statements:
-
-  ("loop", var)                     open `for var in range(var.hi + 1)`
-  ("end",)                          close the innermost loop
-  ("let", name, val, arg_names)     name = val applied to the named arguments
-  ("acc", name, reduce)             name = the reduction's identity
-  ("update", name, reduce, arg)     name = reduce.op(name, arg)   (per lane when reduce.lanes > 1)
-  ("fold", name, reduce)            name = the lanes' partial results combined (after the loops)
-  ("store", buf, idx, arg)          bufs[buf][idx] = arg
+Each value goes to the outermost scope where everything it depends on exists, so loop-invariant code motion
+falls out: a value of the row is computed before the loop over the row's columns, a reduction's accumulator
+lives just outside its own loops. Reductions that share their loops (the copies of a register tile) share
+one loop nest. Within a scope, statements and inner loops are ordered by their dependencies.
 """
 from __future__ import annotations
+import heapq
+from dataclasses import dataclass
 from fusegrad.graph import symbolic as sym
-from fusegrad.codegen.ir import Kernel, LaneRead, Reduce, Store, children, dependencies, toposort
+from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Val, children, dependencies, toposort
+
+
+@dataclass(frozen=True)
+class Loop:
+  var: sym.Var              # for var in range(var.hi + 1)
+
+@dataclass(frozen=True)
+class End:
+  pass
+
+@dataclass(frozen=True)
+class Let:
+  name: str
+  val: Val
+  args: tuple               # the names of the value's children
+
+@dataclass(frozen=True)
+class Acc:
+  name: str
+  reduce: Reduce            # name = the reduction's identity
+
+@dataclass(frozen=True)
+class Update:
+  name: str
+  reduce: Reduce
+  args: tuple               # name = op(name, arg) for each arg in order
+
+@dataclass(frozen=True)
+class StoreSt:
+  buf: int
+  idx: sym.Lin
+  valid: sym.Cond
+  arg: str                  # where valid: bufs[buf][idx] = arg
+
+
+class LinearizeError(RuntimeError):
+  """The kernel's loops cannot be nested as its values need (a bug in an earlier stage)."""
 
 
 def linearize(k: Kernel) -> list:
   roots = [st.value for st in k.stores]
+  vals = toposort(roots)
   deps = dependencies(roots)
-  owner = {}                        # reduce loop var -> (Reduce, position)
-  for v in toposort(roots):
-    if isinstance(v, Reduce):
-      for i, var in enumerate(v.loops): owner[var] = (v, i)
-  out_path = {var: tuple(k.loops[:i + 1]) for i, var in enumerate(k.loops)}
-  memo: dict = {}
+  reduces = [v for v in vals if isinstance(v, Reduce)]
+  out_loops = [a.var for a in k.of_kind(AxisKind.LOOP)]
+  out_path = {var: tuple(out_loops[:i + 1]) for i, var in enumerate(out_loops)}
+  # reductions sharing their first loop variable share the loop nest: one scope for the group
+  group_of = {id(r): r.loops[0] for r in reduces if r.loops}
+  members: dict = {}
+  for r in reduces:
+    if r.loops: members.setdefault(r.loops[0], []).append(r)
+  owner = {var: (r, i) for r in reduces for i, var in enumerate(r.loops)}
+  gpath_memo: dict = {}
+
+  def longest(paths) -> tuple:
+    best = ()
+    for p in paths:
+      if len(p) > len(best): best, p = p, best
+      if best[:len(p)] != p: raise LinearizeError(f"scopes {best} and {p} do not nest in kernel {k.name}")
+    return best
 
   def var_path(var) -> tuple:
     if var in out_path: return out_path[var]
     if var in owner:
       r, i = owner[var]
-      return scope(r) + r.loops[:i + 1]
-    return ()                       # gidx: the root scope
+      return group_path(r) + r.loops[:i + 1]
+    return ()                       # gidx, lidx: the root scope
 
-  def scope(v) -> tuple:
-    s = memo.get(id(v))
-    if s is None:
-      s = ()
-      for var in deps[id(v)]:
-        if isinstance(v, Reduce) and var in v.lane_of: continue   # its lanes live outside those loops
-        p = var_path(var)
-        if len(p) > len(s): s = p
-      memo[id(v)] = s
-    return s
-
-  lists: dict = {(): []}
-  names: dict = {}
-  counter = [0, 0]
-
-  def close(p: tuple, var) -> tuple:
-    body = lists.pop(p)
-    p = p[:-1]
-    lists[p] += [("loop", var), *body, ("end",)]
+  def group_path(r: Reduce) -> tuple:
+    g = group_of.get(id(r))
+    key = g if g is not None else id(r)
+    p = gpath_memo.get(key)
+    if p is None:
+      rs = members[g] if g is not None else [r]
+      p = gpath_memo[key] = longest(var_path(x) for m in rs for x in deps[id(m)])
     return p
 
-  def emit(v) -> str:
-    if id(v) in names: return names[id(v)]
-    s = scope(v)
-    if isinstance(v, Reduce):
-      acc = f"acc{counter[1]}"
-      counter[1] += 1
-      lists[s].append(("acc", acc, v))
-      p = s
-      for var in v.loops:
-        p = p + (var,)
-        lists[p] = []
-      lists[p].append(("update", acc, v, emit(v.src)))
-      for var in reversed(v.loops): p = close(p, var)
-      if v.lane_of:   # consumers read their own lane inside the output lane loops
-        name = f"v{counter[0]}"
-        counter[0] += 1
-        idx = sym.const(0)
-        for var in v.lane_of: idx = idx * (var.hi + 1) + var
-        lists[max((var_path(x) for x in v.lane_of), key=len)].append(("let", name, LaneRead(v, idx, v.dtype), (acc,)))
-        names[id(v)] = name
-        return name
-      if v.lanes > 1: lists[p].append(("fold", acc, v))
-      names[id(v)] = acc
-      return acc
-    args = tuple(emit(c) for c in children(v))
-    name = f"v{counter[0]}"
-    counter[0] += 1
-    lists[s].append(("let", name, v, args))
-    names[id(v)] = name
-    return name
+  # the scope of every value: its own variables' and its children's scopes (a reduction: its group's)
+  path: dict = {}
+  for v in vals:
+    if isinstance(v, Reduce): path[id(v)] = group_path(v)
+    else:
+      own = deps[id(v)] if not children(v) else ()
+      path[id(v)] = longest([var_path(x) for x in own] + [path[id(c)] for c in children(v)])
+  # every statement in its scope's block; a block's items are statements and inner loops (by their variable)
+  stmts: list = []
+  where: list = []                  # the scope of each statement
+  names: dict = {}
+  done_at: dict = {}                # id(val) -> (scope, item) after which the value exists
+  items: dict = {(): []}
+  edges: dict = {}
+  counter = [0, 0]
 
-  p = ()
-  for var in k.loops:
-    p = p + (var,)
-    lists[p] = []
-  for st in k.stores: lists[p].append(("store", st.buf, st.idx, emit(st.value)))
-  for var in reversed(k.loops): p = close(p, var)
-  return lists[()]
+  def item_in(scope: tuple, p: tuple, st: int):
+    """The item of block `scope` that holds a statement at scope p (itself, or the inner loop around it)."""
+    return ("st", st) if len(p) == len(scope) else ("loop", p[len(scope)])
+
+  def add(st, p: tuple) -> int:
+    i = len(stmts)
+    stmts.append(st)
+    where.append(p)
+    for n in range(len(p) + 1):     # register the statement's enclosing loops as items of their blocks
+      items.setdefault(p[:n], [])
+      it = item_in(p[:n], p, i)
+      if it not in items[p[:n]]: items[p[:n]].append(it)
+    return i
+
+  def after(i: int, dep_scope: tuple, dep_stmt: int) -> None:
+    """Statement i runs after statement dep_stmt (at dep_scope) has: an edge in their common block."""
+    p = where[i]
+    n = 0
+    while n < min(len(p), len(dep_scope)) and p[n] == dep_scope[n]: n += 1
+    c = p[:n]
+    a, b = item_in(c, dep_scope, dep_stmt), item_in(c, p, i)
+    if a != b: edges.setdefault(c, set()).add((a, b))
+
+  def use(i: int, v) -> str:
+    scope, st = done_at[id(v)]
+    after(i, scope, st)
+    return names[id(v)]
+
+  for v in vals:
+    if isinstance(v, Reduce):
+      gp = path[id(v)]
+      name = f"acc{counter[1]}"
+      counter[1] += 1
+      a = add(Acc(name, v), gp)
+      names[id(v)] = name
+      u = add(Update(name, v, ()), gp + v.loops)
+      after(u, gp, a)
+      args = tuple(use(u, c) for c in children(v))
+      stmts[u] = Update(name, v, args)
+      # the result exists once the loop nest is done: a statement placed in the group's scope stands for it
+      done_at[id(v)] = (gp + v.loops, u)
+    else:
+      name = f"v{counter[0]}"
+      counter[0] += 1
+      i = add(None, path[id(v)])
+      stmts[i] = Let(name, v, tuple(use(i, c) for c in children(v)))
+      names[id(v)] = name
+      done_at[id(v)] = (path[id(v)], i)
+  for st in k.stores:
+    p = longest([var_path(x) for x in sym.variables(st.idx) | st.valid.variables()] + [path[id(st.value)]])
+    i = add(None, p)
+    stmts[i] = StoreSt(st.buf, st.idx, st.valid, use(i, st.value))
+
+  out: list = []
+  def emit(scope: tuple) -> None:
+    order = _toposort(items.get(scope, []), edges.get(scope, set()), k)
+    for it in order:
+      if it[0] == "st": out.append(stmts[it[1]])
+      else:
+        out.append(Loop(it[1]))
+        emit(scope + (it[1],))
+        out.append(End())
+  emit(())
+  return out
+
+
+def _toposort(its: list, edges: set, k: Kernel) -> list:
+  """The items in dependency order, otherwise in the order they were made."""
+  pos = {it: i for i, it in enumerate(its)}
+  indeg = {it: 0 for it in its}
+  succ: dict = {}
+  for a, b in edges:
+    succ.setdefault(a, []).append(b)
+    indeg[b] += 1
+  ready = [(pos[it], it) for it in its if indeg[it] == 0]
+  heapq.heapify(ready)
+  out = []
+  while ready:
+    _, it = heapq.heappop(ready)
+    out.append(it)
+    for b in succ.get(it, ()):
+      indeg[b] -= 1
+      if indeg[b] == 0: heapq.heappush(ready, (pos[b], b))
+  if len(out) != len(its): raise LinearizeError(f"the statements of kernel {k.name} depend on each other in a cycle")
+  return out
 
 
 def format_listing(listing: list) -> str:
   """A readable rendering of a listing (the PYTHON device shows this as its 'source')."""
   lines, ind = [], ""
   for st in listing:
-    if st[0] == "loop": lines.append(f"{ind}for {st[1].name} in range({st[1].hi + 1}):"); ind += "  "
-    elif st[0] == "end": ind = ind[:-2]
-    elif st[0] == "let":
-      v = st[2]
+    if isinstance(st, Loop): lines.append(f"{ind}for {st.var.name} in range({st.var.hi + 1}):"); ind += "  "
+    elif isinstance(st, End): ind = ind[:-2]
+    elif isinstance(st, Let):
+      v = st.val
       what = type(v).__name__ + (f" {v.op}" if hasattr(v, "op") else "")
       extra = f" b{v.buf}[{v.idx!r}]" if hasattr(v, "idx") and hasattr(v, "buf") else \
           f" b{v.buf}" if hasattr(v, "buf") else f" {v.value!r}" if hasattr(v, "value") else ""
-      lines.append(f"{ind}{st[1]} = {what}{extra}({', '.join(st[3])})")
-    elif st[0] == "acc": lines.append(f"{ind}{st[1]} = identity of {st[2].op}")
-    elif st[0] == "update": lines.append(f"{ind}{st[1]} = {st[2].op}({st[1]}, {st[3]})")
-    elif st[0] == "fold": lines.append(f"{ind}{st[1]} = {st[2].op} of its {st[2].lanes} lanes")
-    elif st[0] == "store": lines.append(f"{ind}b{st[1]}[{st[2]!r}] = {st[3]}")
+      lines.append(f"{ind}{st.name} = {what}{extra}({', '.join(st.args)})")
+    elif isinstance(st, Acc): lines.append(f"{ind}{st.name} = identity of {st.reduce.op}")
+    elif isinstance(st, Update): lines.append(f"{ind}{st.name} = {st.reduce.op}({st.name}, {', '.join(st.args)})")
+    elif isinstance(st, StoreSt):
+      guard = "" if st.valid.is_true else f"if {st.valid!r}: "
+      lines.append(f"{ind}{guard}b{st.buf}[{st.idx!r}] = {st.arg}")
   return "\n".join(lines)

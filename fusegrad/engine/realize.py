@@ -39,10 +39,10 @@ def _run_kernel(item, dev) -> None:
       raise RuntimeError(f"device {dev.name} cannot run dtype {b.dtype.name}")
   bufs = [rd.Buffer(dev, o.numel, o.dtype) for o in item.outputs]
   if item.outputs[0].numel:
-    program, src = dev.kernel_program(k)
+    c = dev.compiled(k)
     everything = bufs + [i.buffer for i in item.inputs]
-    launch(dev, program, k, src, [b.handle for b in everything])
-    if (rec := jit.recorder()) is not None: rec.kernel(dev, program, k, src, everything, len(bufs))
+    launch(dev, c.program, c.kernel, c.source, [b.handle for b in everything])
+    if (rec := jit.recorder()) is not None: rec.kernel(dev, c.program, c.kernel, c.source, everything, len(bufs))
   for o, b in zip(item.outputs, bufs): _set_result(o, b)
 
 
@@ -54,7 +54,8 @@ def _set_result(n: Node, buf) -> None:
 
 
 def launch(dev, program, k, src: str, handles: list) -> None:
-  """Run one compiled kernel on its buffers' handles (outputs first), timed when someone tracks kernels."""
+  """Run one compiled kernel (k: the optimized kernel of Device.compiled) on its buffers' handles (outputs first),
+  timed when someone tracks kernels."""
   if not track.wants_timing():
     dev.launch(program, k, handles)
     return
@@ -63,4 +64,4 @@ def launch(dev, program, k, src: str, handles: list) -> None:
   dev.synchronize()
   nbytes = sum(b.size * b.dtype.itemsize for b in k.bufs)
   track.record(track.KernelRecord(k.name, dev.name, src, (k.global_size,), k.local_size,
-                                  time.perf_counter() - t0, k.flops, nbytes))
+                                  time.perf_counter() - t0, k.flops, nbytes, k.opts))

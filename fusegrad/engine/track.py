@@ -21,6 +21,7 @@ class KernelRecord:
   time_s: float
   flops: int
   bytes: int
+  opts: tuple = ()     # the optimizer's actions applied to the kernel (codegen/opt.Opt records)
 
   @property
   def gflops(self) -> float: return self.flops / self.time_s / 1e9 if self.time_s > 0 else 0.0

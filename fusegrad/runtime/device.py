@@ -122,6 +122,16 @@ class ExternalBuffer(Buffer):
   def __del__(self): pass
 
 
+@dataclass(frozen=True)
+class Compiled:
+  """A canonical kernel made ready for a device: its program, its source (or listing text), the optimized
+  kernel that is launched (its global_size, local_size and cost) and the optimizer's actions."""
+  program: object
+  source: str
+  kernel: object
+  opts: tuple
+
+
 @dataclass
 class Device:
   """What a backend provides. Subclasses fill in the methods; `renderer` may be None (PYTHON)."""
@@ -133,7 +143,7 @@ class Device:
   # (a library unloaded) when nothing else holds it any more: a capture of fusegrad.jit may still run it.
   programs: OrderedDict = field(default_factory=OrderedDict)
   max_programs: int = field(default_factory=lambda: _max_programs())
-  # id(Kernel) -> (Kernel, source, program or None): a rendered kernel's program is looked up in `programs`
+  # id(Kernel) -> (Kernel, Compiled without its program): a rendered kernel's program is looked up in `programs`
   # by its source, so only `programs` decides which compiled programs stay
   by_kernel: OrderedDict = field(default_factory=OrderedDict)
   cache_lock: object = field(default_factory=threading.Lock)   # programs and by_kernel
@@ -170,44 +180,75 @@ class Device:
     for program, kernel, handles in launches: self.launch(program, kernel, handles)
   def synchronize(self) -> None: pass
 
-  def kernel_program(self, kernel):
-    """(program, source or listing text) for a Kernel object: linearized, rendered and compiled once.
+  @property
+  def caps(self):
+    """What the optimizer may use on this device (codegen/renderer/base.Caps)."""
+    return self.renderer.caps
+
+  def compiled(self, kernel) -> "Compiled":
+    """A canonical Kernel optimized, linearized, rendered and compiled once (codegen/pipeline.py).
     Compiled programs are also shared by source, so equal kernels from different graphs compile once.
     Safe from several threads: two that compile one source at once both succeed, and the first is kept."""
-    src = None
     with self.cache_lock:
       hit = self.by_kernel.get(id(kernel))
       if hit is not None and hit[0] is kernel:
         self.by_kernel.move_to_end(id(kernel))
-        src, program = hit[1], hit[2]
-        if program is None: program = self._cached_program(src)
-        if program is not None: return program, src
-    if src is None:
-      from fusegrad.codegen.linearize import linearize, format_listing
-      listing = linearize(kernel)
+        c = hit[1]
+        if c.program is None:
+          program = self._cached_program(c.source)
+          if program is not None: return Compiled(program, c.source, c.kernel, c.opts)
+        else: return c
+    if hit is None or hit[0] is not kernel:
+      from fusegrad.codegen.pipeline import prepare
+      from fusegrad.codegen.linearize import format_listing
+      p = prepare(kernel, self.caps)
       if self.renderer is None:   # an interpreter runs the listing itself (no resources to bound: kept here)
-        program, src = self.compile_listing(kernel, listing), format_listing(listing)
-        with self.cache_lock: self._remember(kernel, src, program)
-        return program, src
-      src = self.renderer.render(kernel, listing)
+        c = Compiled(self.compile_listing(p.kernel, p.listing), format_listing(p.listing), p.kernel, p.opts)
+        with self.cache_lock: self._remember(kernel, c)
+        return c
+      c = Compiled(None, self.renderer.render(p.kernel, p.listing), p.kernel, p.opts)
       with self.cache_lock:
-        self._remember(kernel, src, None)
-        program = self._cached_program(src)
-      if program is not None: return program, src
-    program = self.compile(kernel.name, src)
+        self._remember(kernel, c)
+        program = self._cached_program(c.source)
+      if program is not None: return Compiled(program, c.source, c.kernel, c.opts)
+    else: c = hit[1]
+    program = self.compile(c.kernel.name, c.source)
     with self.cache_lock:
-      program = self.programs.setdefault(src, program)
-      self.programs.move_to_end(src)
+      program = self.programs.setdefault(c.source, program)
+      self.programs.move_to_end(c.source)
       while len(self.programs) > max(self.max_programs, 1): self.programs.popitem(last=False)
-    return program, src
+    return Compiled(program, c.source, c.kernel, c.opts)
+
+  def compile_with(self, kernel, opts) -> "Compiled":
+    """A canonical Kernel with the given actions (not the heuristic's) made ready: for tests and the search.
+    Programs are shared by source with everything else; the kernel's own entry is left alone."""
+    from fusegrad.codegen.pipeline import prepare
+    from fusegrad.codegen.linearize import format_listing
+    p = prepare(kernel, self.caps, tuple(opts))
+    if self.renderer is None:
+      return Compiled(self.compile_listing(p.kernel, p.listing), format_listing(p.listing), p.kernel, p.opts)
+    src = self.renderer.render(p.kernel, p.listing)
+    with self.cache_lock: program = self._cached_program(src)
+    if program is None:
+      program = self.compile(p.kernel.name, src)
+      with self.cache_lock:
+        program = self.programs.setdefault(src, program)
+        while len(self.programs) > max(self.max_programs, 1): self.programs.popitem(last=False)
+    return Compiled(program, src, p.kernel, p.opts)
+
+  def kernel_program(self, kernel) -> tuple:
+    """(program, source or listing text) of a canonical Kernel (see compiled)."""
+    c = self.compiled(kernel)
+    return c.program, c.source
 
   def _cached_program(self, src: str):
     program = self.programs.get(src)
     if program is not None: self.programs.move_to_end(src)
     return program
 
-  def _remember(self, kernel, src: str, program) -> None:
-    self.by_kernel[id(kernel)] = (kernel, src, program)
+  def _remember(self, kernel, c: "Compiled") -> None:
+    # the entry never holds the program: only `programs` decides which compiled programs stay loaded
+    self.by_kernel[id(kernel)] = (kernel, Compiled(c.program if self.renderer is None else None, c.source, c.kernel, c.opts))
     self.by_kernel.move_to_end(id(kernel))
     while len(self.by_kernel) > max(self.max_programs, 1) * 2: self.by_kernel.popitem(last=False)
 

@@ -10,7 +10,10 @@ from fusegrad import dtype as dt
 from fusegrad.graph import ops, symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
-from fusegrad.codegen.ir import Gather, LaneRead, Load, Const, Index, Valid, Alu, Reduce
+from fusegrad.codegen.ir import Gather, GroupReduce, Load, Const, Index, Valid, Alu
+from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
+from fusegrad.codegen.renderer.base import Caps
+from fusegrad.codegen import passes
 
 
 def _reg(d: dt.DType):
@@ -47,69 +50,61 @@ def _cast(x, d: dt.DType):
     return x.astype(d.np)
 
 
+_FOLD = {"SUM": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum}
+_BOOL_FOLD = {"SUM": np.logical_or, "PROD": np.logical_and}
+
+
 class Interpreter:
+  """Runs a listing over a range of work items at once: each value is an array over the items."""
   def __init__(self, kernel, listing):
     self.k, self.listing = kernel, listing
+    self.ends = self._match_loops(listing)
+
+  @staticmethod
+  def _match_loops(listing) -> dict:
+    ends, stack = {}, []
+    for i, st in enumerate(listing):
+      if isinstance(st, Loop): stack.append(i)
+      elif isinstance(st, End): ends[stack.pop()] = i
+    return ends
 
   def __call__(self, handles: list, start: int, end: int) -> None:
     k = self.k
     bufs = []
     for b, h in zip(k.bufs, handles):
       bufs.append(h[:b.size * b.dtype.itemsize].view(b.dtype.np if b.dtype != dt.bfloat16 else np.uint16))
-    env = {k.gidx: np.arange(start, end, dtype=np.int64)}
-    n = end - start
-    self._run(self.listing, 0, len(self.listing), env, bufs, n)
+    items = np.arange(start, end, dtype=np.int64)
+    local = k.local_size[0] if k.local_size else 1
+    env = {sym.Var(passes.GIDX, 0, max(k.groups - 1, 0)): items // local}
+    if k.local_size: env[sym.Var(passes.LIDX, 0, local - 1)] = items % local
+    self._run(0, len(self.listing), env, bufs, end - start)
 
-  @staticmethod
-  def _acc_value(x):
-    return x[0] if isinstance(x, np.ndarray) and x.ndim == 2 else x
-
-  def _block_end(self, i: int) -> int:
-    depth = 0
-    for j in range(i, len(self.listing)):
-      if self.listing[j][0] == "loop": depth += 1
-      elif self.listing[j][0] == "end":
-        depth -= 1
-        if depth == 0: return j
-    raise AssertionError("unbalanced listing")
-
-  def _run(self, L, i, stop, env, bufs, n):
+  def _run(self, i, stop, env, bufs, n):
+    L = self.listing
     while i < stop:
       st = L[i]
-      kind = st[0]
-      if kind == "loop":
-        end = self._block_end(i)
-        for it in range(st[1].hi + 1):
-          env[st[1]] = it
-          self._run(L, i + 1, end, env, bufs, n)
+      if isinstance(st, Loop):
+        end = self.ends[i]
+        for it in range(st.var.hi + 1):
+          env[st.var] = it
+          self._run(i + 1, end, env, bufs, n)
         i = end + 1
         continue
-      if kind == "let":
-        _, name, v, args = st
-        if isinstance(v, LaneRead): env[name] = env[args[0]][sym.evaluate(v.idx, env)]
-        else: env[name] = self._value(v, [self._acc_value(env[a]) for a in args], env, bufs, n)
-      elif kind == "acc":
-        _, name, r = st
-        env[name] = np.full((r.lanes, n), reduce_identity(r.op, r.dtype), dtype=_reg(r.dtype))
-      elif kind in ("update", "fold"):
-        r = st[2]
-        fn = {"SUM": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum}[r.op]
-        if r.dtype.is_bool: fn = {"SUM": np.logical_or, "PROD": np.logical_and}.get(r.op, fn)
-        acc = env[st[1]]
+      if isinstance(st, Let): env[st.name] = self._value(st.val, [env[a] for a in st.args], env, bufs, n)
+      elif isinstance(st, Acc):
+        r = st.reduce
+        env[st.name] = np.full((n,), reduce_identity(r.op, r.dtype), dtype=_reg(r.dtype))
+      elif isinstance(st, Update):
+        r = st.reduce
+        fn = (_BOOL_FOLD if r.dtype.is_bool else {}).get(r.op, _FOLD[r.op])
         with np.errstate(all="ignore"):
-          if kind == "update":   # same lane order as the compiled kernels, so results match bit for bit
-            lane = sym.evaluate(r.lane_index, env) if r.lanes > 1 else 0
-            acc[lane] = fn(acc[lane], env[st[3]])
-          else:
-            out = acc[0]
-            for lane in range(1, r.lanes): out = fn(out, acc[lane])
-            env[st[1]] = out[None]
-      elif kind == "store":
-        _, buf, idx, arg = st
-        d = self.k.bufs[buf].dtype
-        pos = np.broadcast_to(sym.evaluate(idx, env), (n,))
-        val = np.broadcast_to(np.asarray(self._acc_value(env[arg])), (n,))
-        bufs[buf][pos] = _bf16_round(val) if d == dt.bfloat16 else _cast(val, d).astype(d.np if d != dt.bfloat16 else np.uint16)
+          for a in st.args: env[st.name] = fn(env[st.name], env[a]).astype(_reg(r.dtype), copy=False)
+      elif isinstance(st, StoreSt):
+        d = self.k.bufs[st.buf].dtype
+        ok = np.broadcast_to(np.asarray(sym.evaluate_cond(st.valid, env)), (n,))
+        pos = np.broadcast_to(sym.evaluate(st.idx, env), (n,))[ok]
+        val = np.broadcast_to(np.asarray(env[st.arg]), (n,))[ok]
+        bufs[st.buf][pos] = _bf16_round(val) if d == dt.bfloat16 else _cast(val, d).astype(d.np)
       i += 1
 
   def _value(self, v, a, env, bufs, n):
@@ -131,6 +126,14 @@ class Interpreter:
       x = bufs[v.buf][np.where(ok, pos, 0)] if v.size else np.zeros(pos.shape, bufs[v.buf].dtype)
       if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
       return np.where(ok, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
+    if isinstance(v, GroupReduce):   # the launch is every work item at once: a group's items are neighbours
+      part = np.broadcast_to(np.asarray(a[0]), (n,))
+      base = np.arange(n) - np.broadcast_to(sym.evaluate(v.mine, env), (n,))
+      fn = (_BOOL_FOLD if v.dtype.is_bool else {}).get(v.op, _FOLD[v.op])
+      out = part[base + np.broadcast_to(sym.evaluate(v.slots[0], env), (n,))]
+      with np.errstate(all="ignore"):
+        for sl in v.slots[1:]: out = fn(out, part[base + np.broadcast_to(sym.evaluate(sl, env), (n,))])
+      return out.astype(_reg(v.dtype), copy=False)
     if isinstance(v, Alu):
       if v.op == "CAST": return _cast(a[0], v.dtype)
       info = ops.ALU[v.op]
@@ -143,6 +146,9 @@ class Interpreter:
 
 class PythonDevice(Device):
   def __init__(self): super().__init__("PYTHON", None)
+  # the oracle for every action: it runs work-groups (flattened) and any number of values in registers; the
+  # default heuristic picks the CPU's tiles, so it checks the kernels the CPU runs
+  caps = Caps(has_local=True, max_local=1024, local_bytes=1 << 16, vector_widths=(4, 8, 16))
   def alloc(self, nbytes: int): return np.zeros(max(nbytes, 1), dtype=np.uint8)
   def copyin(self, handle, src: np.ndarray) -> None: handle[:src.nbytes] = src
   def copyout(self, dst: np.ndarray, handle) -> None: dst[:] = handle[:dst.nbytes]

@@ -11,7 +11,9 @@ import math
 from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
-from fusegrad.codegen.ir import Kernel, Gather, LaneRead, Load, Const, Index, Valid, Alu, Reduce
+from fusegrad.codegen.ir import Kernel, Gather, GroupReduce, Load, Const, Index, Valid, Alu, Reduce
+from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
+from fusegrad.codegen.renderer.base import Caps
 
 
 def _floordiv(num: str, c: int, may_be_negative: bool) -> str:
@@ -24,8 +26,15 @@ def _floormod(num: str, c: int, may_be_negative: bool) -> str:
   return f"fg_floormod({num},{c})"
 
 
+class _Walk:
+  def __init__(self, k: Kernel, indent: str): self.k, self.indent, self.lines = k, indent, []
+  def out(self, line: str) -> None: self.lines.append(self.indent + line)
+
+
 class CStyleRenderer:
   name = "c"
+  caps = Caps()
+  barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
   index_type = "long long"
   types = {dt.bool_: "_Bool", dt.int8: "signed char", dt.uint8: "unsigned char", dt.int16: "short",
            dt.int32: "int", dt.uint32: "unsigned int", dt.int64: "long long", dt.float16: "unsigned short",
@@ -121,7 +130,6 @@ class CStyleRenderer:
       ld = self.load(v.buf, self.idx(v.idx), v.dtype)
       return ld if v.valid.is_true else f"({self.cond(v.valid)}?{ld}:{self.literal(0, v.dtype)})"
     if isinstance(v, Const): return self.literal(v.value, v.dtype)
-    if isinstance(v, LaneRead): return f"{a[0]}_l[{self.idx(v.idx)}]"
     if isinstance(v, Gather):
       return f"(({a[0]})>=0&&({a[0]})<{v.size}?{self.load(v.buf, a[0], v.dtype)}:{self.literal(0, v.dtype)})"
     if isinstance(v, Index):
@@ -131,52 +139,58 @@ class CStyleRenderer:
     if isinstance(v, Alu): return self.alu(v.op, v.dtype, a, v.src)
     raise TypeError(v)
 
-  def unroll_hint(self, var) -> str:
-    """A pragma before a loop, or ''. The register-blocking lanes inside a reduction (w*) want full
-    unrolling: then each output's accumulator lives in a register instead of an array in memory."""
-    return ""
-
   def update(self, r: Reduce, acc: str, x: str) -> str:
     if r.op == "SUM": return f"{acc} = {acc} + {x};" if not r.dtype.is_bool else f"{acc} = {acc} | {x};"
     if r.op == "PROD": return f"{acc} = {acc} * {x};" if not r.dtype.is_bool else f"{acc} = {acc} & {x};"
     return f"{acc} = {self.alu(r.op, r.dtype, [acc, x], (r,))};"
 
-  # ---- the kernel --------------------------------------------------------------------------------------------
+  # ---- the kernel: one method per statement type of the listing (codegen/linearize.py) ------------------------
+  # (the walk's state is its own object: one renderer serves every thread of its device)
   def body(self, listing: list, k: Kernel, indent: str) -> list[str]:
-    lines = []
-    for st in listing:
-      kind = st[0]
-      if kind == "loop":
-        var = st[1]
-        hint = self.unroll_hint(var)
-        if hint: lines.append(f"{indent}{hint}")
-        lines.append(f"{indent}for ({self.index_type} {var.name} = 0; {var.name} < {var.hi + 1}; {var.name}++) {{")
-        indent += "  "
-      elif kind == "end":
-        indent = indent[:-2]
-        lines.append(f"{indent}}}")
-      elif kind == "let":
-        _, name, v, args = st
-        lines.append(f"{indent}{self.reg_type(v.dtype)} {name} = {self.value(v, list(args))};")
-      elif kind == "acc":
-        _, name, r = st
-        ident = self.literal(reduce_identity(r.op, r.dtype), r.dtype)
-        if r.lanes > 1:
-          lines.append(f"{indent}{self.reg_type(r.dtype)} {name}_l[{r.lanes}] = {{{', '.join([ident] * r.lanes)}}};")
-        else:
-          lines.append(f"{indent}{self.reg_type(r.dtype)} {name} = {ident};")
-      elif kind == "update":
-        _, name, r, arg = st
-        acc = f"{name}_l[{self.idx(r.lane_index)}]" if r.lanes > 1 else name
-        lines.append(f"{indent}{self.update(r, acc, arg)}")
-      elif kind == "fold":
-        _, name, r = st
-        lines.append(f"{indent}{self.reg_type(r.dtype)} {name} = {name}_l[0];")
-        for i in range(1, r.lanes): lines.append(f"{indent}{self.update(r, name, f'{name}_l[{i}]')}")
-      elif kind == "store":
-        _, buf, idx, arg = st
-        lines.append(f"{indent}{self.store(buf, self.idx(idx), arg, k.bufs[buf].dtype)}")
-    return lines
+    w = _Walk(k, indent)
+    for st in listing: self.emit[type(st)](self, st, w)
+    return w.lines
+
+  def _loop(self, st: Loop, w: "_Walk") -> None:
+    v = st.var
+    w.out(f"for ({self.index_type} {v.name} = 0; {v.name} < {v.hi + 1}; {v.name}++) {{")
+    w.indent += "  "
+
+  def _end(self, st: End, w: "_Walk") -> None:
+    w.indent = w.indent[:-2]
+    w.out("}")
+
+  def _let(self, st: Let, w: "_Walk") -> None:
+    if isinstance(st.val, GroupReduce): return self._group_reduce(st, w)
+    w.out(f"{self.reg_type(st.val.dtype)} {st.name} = {self.value(st.val, list(st.args))};")
+
+  def _group_reduce(self, st: Let, w: "_Walk") -> None:
+    """Partials through local memory: write mine, meet, fold every slot, meet again (the buffer is reused)."""
+    v, buf = st.val, f"{st.name}_l"
+    w.out(f"{buf}[{self.idx(v.mine)}] = {st.args[0]};")
+    w.out(self.barrier)
+    w.out(f"{self.reg_type(v.dtype)} {st.name} = {buf}[{self.idx(v.slots[0])}];")
+    for sl in v.slots[1:]:
+      w.out(self.update(Reduce(v.op, v.dtype, (), v.src), st.name, f"{buf}[{self.idx(sl)}]"))
+    w.out(self.barrier)
+
+  def local_buffers(self, listing: list) -> list[str]:
+    """Declarations of the local buffers of the listing's group reductions (at the kernel's top scope)."""
+    return [f"  __local {self.reg_type(st.val.dtype)} {st.name}_l[{st.val.size}];" for st in listing
+            if isinstance(st, Let) and isinstance(st.val, GroupReduce)]
+
+  def _acc(self, st: Acc, w: "_Walk") -> None:
+    r = st.reduce
+    w.out(f"{self.reg_type(r.dtype)} {st.name} = {self.literal(reduce_identity(r.op, r.dtype), r.dtype)};")
+
+  def _update(self, st: Update, w: "_Walk") -> None:
+    for a in st.args: w.out(self.update(st.reduce, st.name, a))
+
+  def _store(self, st: StoreSt, w: "_Walk") -> None:
+    line = self.store(st.buf, self.idx(st.idx), st.arg, w.k.bufs[st.buf].dtype)
+    w.out(line if st.valid.is_true else f"if ({self.cond(st.valid)}) {line}")
+
+  emit = {Loop: _loop, End: _end, Let: _let, Acc: _acc, Update: _update, StoreSt: _store}
 
   def helpers(self, k: Kernel) -> str:
     out = [self.prelude]
@@ -308,19 +322,14 @@ class CRenderer(CStyleRenderer):
   so a thread pool can split the range."""
   name = "c"
   prelude = _C_PRELUDE
-
-  def unroll_hint(self, var) -> str:
-    # gcc and clang both read `#pragma GCC unroll`; unrolled, the lane loops' accumulators become registers
-    # (only inside the reduction: unrolling the loops that store the block measured 2x slower with gcc)
-    return f'_Pragma("GCC unroll {var.hi + 1}")' if var.name[0] == "w" and var.hi < 16 else ""
+  caps = Caps(vector_widths=(4, 8, 16))
 
   def render(self, k: Kernel, listing: list) -> str:
     args = []
     for i, b in enumerate(k.bufs):
       args.append(f"{'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
     args += ["long long start", "long long end"]
-    blocked = any(st[0] == "loop" and st[1].name[0] == "w" for st in listing)
-    lines = [self.helpers(k), "", f"{'FG_BLOCKED ' if blocked else ''}void {k.name}({', '.join(args)}) {{",
+    lines = [self.helpers(k), "", f"{'FG_BLOCKED ' if k.tiled else ''}void {k.name}({', '.join(args)}) {{",
              f"  for (long long gidx = start; gidx < end; gidx++) {{"]
     lines += self.body(listing, k, "    ")
     lines += ["  }", "}"]
@@ -366,6 +375,7 @@ class OpenCLRenderer(CStyleRenderer):
            dt.uint32: "uint", dt.int64: "long", dt.float16: "half", dt.bfloat16: "ushort", dt.float32: "float",
            dt.float64: "double"}
   prelude = _CL_PRELUDE
+  caps = Caps(has_local=True, max_local=256, local_bytes=16384, vector_widths=(4, 8, 16))
 
   def storage_type(self, d: dt.DType) -> str: return "uchar" if d.is_bool else self.types[d]
   def library_fn(self, name: str, d: dt.DType) -> str: return name    # overloaded builtins
@@ -384,8 +394,10 @@ class OpenCLRenderer(CStyleRenderer):
     args = []
     for i, b in enumerate(k.bufs):
       args.append(f"__global {'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
-    lines = [self.helpers(k), "", f"__kernel void {k.name}({', '.join(args)}) {{",
-             f"  long gidx = get_global_id(0);"]
+    ids = ["  long gidx = get_group_id(0);", "  long lidx = get_local_id(0);"] if k.local_size else \
+          ["  long gidx = get_global_id(0);"]
+    attr = f"__attribute__((reqd_work_group_size({k.local_size[0]}, 1, 1))) " if k.local_size else ""
+    lines = [self.helpers(k), "", f"{attr}__kernel void {k.name}({', '.join(args)}) {{", *ids, *self.local_buffers(listing)]
     lines += self.body(listing, k, "  ")
     lines += ["}"]
     return "\n".join(lines) + "\n"

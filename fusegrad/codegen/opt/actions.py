@@ -1,0 +1,191 @@
+"""Optimizations as data: an Opt names an action, the axis it acts on (an index into Kernel.axes when it is
+applied) and an amount. apply_opt is a pure function from Kernel to Kernel that checks legality first and
+raises OptError saying why an action does not apply; the heuristics and the search choose among the same
+actions, and Kernel.opts records the ones applied.
+
+Every action keeps the kernel's meaning: it splits an axis (v = outer * n + inner), re-kinds it, reorders
+axes or pads one; a result can change only by float reassociation (an UPCAST of a reduction axis keeps
+several accumulators and folds them at the end).
+"""
+from __future__ import annotations
+import enum
+from dataclasses import dataclass, replace
+from fusegrad.graph import symbolic as sym
+from fusegrad.graph.node import reduce_identity
+from fusegrad import dtype as dt
+from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, Index, Gather, Alu, Const, Valid, Store,
+                                 REGISTER_KINDS, substitute_kernel, toposort)
+from fusegrad.codegen.renderer.base import Caps
+
+K = AxisKind
+
+
+class OptOp(enum.Enum):
+  UPCAST = "upcast"    # split off `arg` indices of an output or reduction axis, expanded in registers
+  UNROLL = "unroll"    # split off `arg` indices of a reduction axis, unrolled in order into one accumulator
+  LOCAL = "local"      # split off `arg` indices of a GLOBAL axis as a work-group dimension
+  GROUP = "group"      # split off `arg` indices of a reduction axis, reduced by a work-group in local memory
+  SWAP = "swap"        # exchange the axis with axis `arg` (same kind): loop order, or which index runs fastest
+  PADTO = "padto"      # round the axis's size up to a multiple of `arg`; the extra indices compute nothing
+
+
+@dataclass(frozen=True)
+class Opt:
+  op: OptOp
+  axis: int
+  arg: int
+  def __repr__(self): return f"Opt({self.op.name}, {self.axis}, {self.arg})"
+
+
+class OptError(ValueError):
+  """An action that does not apply to this kernel on this device; the message says why."""
+
+
+def apply_opts(k: Kernel, opts, caps: Caps) -> Kernel:
+  for o in opts: k = apply_opt(k, o, caps)
+  return k
+
+
+def apply_opt(k: Kernel, opt: Opt, caps: Caps) -> Kernel:
+  if not isinstance(opt, Opt): raise OptError(f"not an Opt: {opt!r}")
+  if not 0 <= opt.axis < len(k.axes):
+    raise OptError(f"{opt}: the kernel {k.name} has {len(k.axes)} axes {list(k.axes)}")
+  a = k.axes[opt.axis]
+  fn = _APPLY[opt.op]
+  out = fn(k, opt, a, caps)
+  return replace(out, opts=k.opts + (opt,))
+
+
+def _need(ok: bool, opt: Opt, k: Kernel, why: str) -> None:
+  if not ok: raise OptError(f"{opt} on {k.name} {list(k.axes)}: {why}")
+
+
+def _register_count(k: Kernel) -> int:
+  n = 1
+  for a in k.axes:
+    if a.kind in REGISTER_KINDS: n *= a.size
+  return n
+
+
+def _split(k: Kernel, i: int, n: int, inner_kind: AxisKind) -> Kernel:
+  """Axis i (size s) becomes outer (s // n, its kind) and inner (n, inner_kind) right after it: v = outer*n + inner.
+  With n == s the axis is re-kinded in place."""
+  a = k.axes[i]
+  if n == a.size: return replace(k, axes=k.axes[:i] + (Axis(a.var, inner_kind),) + k.axes[i + 1:])
+  v = a.var
+  taken = {x.var.name for x in k.axes}
+  name = v.name
+  while name + "o" in taken or name + "i" in taken: name += "_"
+  vo, vi = sym.Var(name + "o", 0, a.size // n - 1), sym.Var(name + "i", 0, n - 1)
+  axes = k.axes[:i] + (Axis(vo, a.kind), Axis(vi, inner_kind)) + k.axes[i + 1:]
+  return substitute_kernel(k, {v: sym.lin(vo) * n + vi}, {v: (vo, vi)}, axes)
+
+
+def _check_split(k: Kernel, opt: Opt, a: Axis) -> None:
+  _need(opt.arg > 1, opt, k, f"the amount must be > 1, got {opt.arg}")
+  _need(a.size % opt.arg == 0, opt, k, f"{opt.arg} does not divide the axis size {a.size} (PADTO first)")
+
+
+def _upcast(k, opt, a, caps):
+  _need(a.kind in (K.GLOBAL, K.LOOP, K.REDUCE), opt, k, f"cannot upcast a {a.kind.value} axis")
+  _check_split(k, opt, a)
+  _need(_register_count(k) * opt.arg <= caps.max_registers, opt, k,
+        f"{_register_count(k) * opt.arg} values in registers exceed the device's {caps.max_registers}")
+  return _split(k, opt.axis, opt.arg, K.UPCAST)
+
+
+def _unroll(k, opt, a, caps):
+  _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis unrolls, this one is {a.kind.value}")
+  _check_split(k, opt, a)
+  _need(_register_count(k) * opt.arg <= caps.max_registers, opt, k,
+        f"{_register_count(k) * opt.arg} values in registers exceed the device's {caps.max_registers}")
+  return _split(k, opt.axis, opt.arg, K.UNROLL)
+
+
+def _local(k, opt, a, caps):
+  _need(caps.has_local, opt, k, "the device has no work-groups")
+  _need(a.kind is K.GLOBAL, opt, k, f"only a global axis becomes local, this one is {a.kind.value}")
+  _check_split(k, opt, a)
+  size = (k.local_size or (1,))[0] * opt.arg
+  _need(size <= caps.max_local, opt, k, f"a work-group of {size} exceeds the device's {caps.max_local}")
+  return _split(k, opt.axis, opt.arg, K.LOCAL)
+
+
+def _group(k, opt, a, caps):
+  _need(caps.has_local, opt, k, "the device has no work-groups (local memory)")
+  _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis is grouped, this one is {a.kind.value}")
+  _need(not k.of_kind(K.GROUP_REDUCE), opt, k, "one grouped reduction axis per kernel")
+  _check_split(k, opt, a)
+  owners = [r for r in _reduces(k) if a.var in r.loops]
+  _need(len(owners) == 1, opt, k, "the axis must belong to exactly one reduction")
+  # the partial results of a work-group meet in local memory: the reduction must be the kernel's only one,
+  # over every work item of the group, and nothing else may vary across the group
+  _need(len(_reduces(k)) == 1, opt, k, "a grouped reduction must be the kernel's only reduction")
+  size = (k.local_size or (1,))[0] * opt.arg
+  _need(size <= caps.max_local, opt, k, f"a work-group of {size} exceeds the device's {caps.max_local}")
+  _need(size * owners[0].dtype.itemsize <= caps.local_bytes, opt, k, "the partial results exceed local memory")
+  return _split(k, opt.axis, opt.arg, K.GROUP_REDUCE)
+
+
+def _swap(k, opt, a, caps):
+  _need(0 <= opt.arg < len(k.axes) and opt.arg != opt.axis, opt, k, f"no other axis {opt.arg} to swap with")
+  b = k.axes[opt.arg]
+  _need(a.kind is b.kind and a.kind in (K.GLOBAL, K.LOOP, K.LOCAL, K.REDUCE), opt, k,
+        f"swaps two axes of one kind (global, local, loop or reduce), got {a.kind.value} and {b.kind.value}")
+  axes = list(k.axes)
+  axes[opt.axis], axes[opt.arg] = b, a
+  if a.kind is not K.REDUCE: return replace(k, axes=tuple(axes))
+  owners = [r for r in _reduces(k) if a.var in r.loops or b.var in r.loops]
+  _need(all(a.var in r.loops and b.var in r.loops for r in owners), opt, k, "the axes belong to different reductions")
+  swap = {a.var: (b.var,), b.var: (a.var,)}
+  # exchanging two loop variables in every reduction's loop list exchanges their nesting
+  return substitute_kernel(k, {}, swap, tuple(axes))
+
+
+def _padto(k, opt, a, caps):
+  _need(a.kind in (K.GLOBAL, K.LOOP, K.REDUCE), opt, k, f"cannot pad a {a.kind.value} axis")
+  _need(opt.arg > 1, opt, k, f"the multiple must be > 1, got {opt.arg}")
+  new = -(-a.size // opt.arg) * opt.arg
+  if new == a.size: return k
+  _need(new <= 2 * a.size, opt, k, f"padding {a.size} to {new} more than doubles the work")
+  v = a.var
+  taken = {x.var.name for x in k.axes}
+  name = v.name + "p"
+  while name in taken: name += "_"
+  vp = sym.Var(name, 0, new - 1)
+  inside = sym.Cond.range(sym.lin(vp), 0, a.size)
+  k = substitute_kernel(k, {v: sym.lin(vp)}, {v: (vp,)}, k.axes[:opt.axis] + (Axis(vp, a.kind),) + k.axes[opt.axis + 1:])
+  return _guard(k, vp, inside)
+
+
+def _guard(k: Kernel, var: sym.Var, inside: sym.Cond) -> Kernel:
+  """Past the old size nothing is read (loads of every index that uses var are guarded), a reduction over var
+  adds its identity, and nothing is stored."""
+  memo: dict = {}
+  def g(v):
+    r = memo.get(id(v))
+    if r is not None: return r
+    if isinstance(v, Load) and var in sym.variables(v.idx): r = Load(v.buf, v.idx, v.valid & inside, v.dtype)
+    elif isinstance(v, Index) and var in sym.variables(v.idx): r = Index(v.idx, v.valid & inside, v.dtype)
+    elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(g(c) for c in v.src))
+    elif isinstance(v, Gather): r = Gather(v.buf, v.size, g(v.src), v.dtype)
+    elif isinstance(v, Reduce):
+      srcs = tuple(g(c) for c in (v.src,) + v.more)
+      if var in v.loops:
+        ident = Const(reduce_identity(v.op, v.dtype), v.dtype)
+        srcs = tuple(Alu("WHERE", v.dtype, (Valid(inside, dt.bool_), s, ident)) for s in srcs)
+      r = Reduce(v.op, v.dtype, v.loops, srcs[0], srcs[1:])
+    else: r = v
+    memo[id(v)] = r
+    return r
+  stores = tuple(Store(st.buf, st.idx, g(st.value), st.valid & inside if var in sym.variables(st.idx) else st.valid)
+                 for st in k.stores)
+  return replace(k, stores=stores)
+
+
+def _reduces(k: Kernel) -> list:
+  return [v for v in toposort([st.value for st in k.stores]) if isinstance(v, Reduce)]
+
+
+_APPLY = {OptOp.UPCAST: _upcast, OptOp.UNROLL: _unroll, OptOp.LOCAL: _local, OptOp.GROUP: _group, OptOp.SWAP: _swap,
+          OptOp.PADTO: _padto}

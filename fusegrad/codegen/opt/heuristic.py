@@ -1,0 +1,102 @@
+"""The default choice of actions for a kernel on a device (no search): a short list of rules that read only the
+kernel and the device's capabilities (renderer/base.Caps).
+
+- Register tile: a reduction kernel whose reads are shared along the last one or two parallel axes (a matmul:
+  a row of b serves a block of rows of a) computes a ROW_LANES x OUT_LANES block of outputs per work item,
+  the columns walked in vector lanes, the row blocks fastest (neighbouring work items share a panel of
+  columns in cache).
+- Reduction lanes: otherwise a reduction whose innermost axis divides evenly keeps REDUCE_LANES partial
+  accumulators (independent chains the compiler vectorizes), folded at the end.
+"""
+from __future__ import annotations
+from fusegrad.graph import symbolic as sym
+from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Load, Gather, toposort, dependencies
+from fusegrad.codegen.renderer.base import Caps
+from fusegrad.codegen.opt.actions import Opt, OptOp, apply_opt
+
+K = AxisKind
+# a register-tiled kernel keeps at least this many work items
+MIN_PARALLEL = 64
+# partial accumulators of a reduction whose innermost axis divides evenly
+REDUCE_LANES = 8
+# the register tile: OUT_LANES columns (candidates, the first dividing the columns wins; 32 measured far slower
+# with gcc's SLP) by ROW_LANES rows
+OUT_LANES = (16,)
+ROW_LANES = 4
+
+
+def _reduces(k: Kernel) -> list:
+  return [v for v in toposort([st.value for st in k.stores]) if isinstance(v, Reduce)]
+
+
+def _reused_without(var, reduces, deps) -> bool:
+  """Does some reduction read memory, inside its loops, at an index that does not depend on var?
+  Then a block of outputs along var shares that read: register blocking along var pays."""
+  for r in reduces:
+    loops = set(r.loops)
+    for x in toposort([r.src]):
+      if isinstance(x, (Load, Gather)) and var not in deps[id(x)] and deps[id(x)] & loops: return True
+  return False
+
+
+def _columns_contiguous(var, reduces) -> bool:
+  """Does every read inside the reductions step by 1 along var and by more along the reduction (a sum
+  over rows, a bias gradient)? Then a block of columns per work item is one vector add per row."""
+  loads = [x for r in reduces for x in toposort([r.src]) if isinstance(x, (Load, Gather))]
+  if not loads: return False
+  rvars = {v for r in reduces for v in r.loops}
+  for x in loads:
+    if not isinstance(x, Load): return False
+    terms = dict(sym.lin(x.idx).terms)
+    if terms.get(var) != 1: return False
+    if any(a in rvars and c == 1 for a, c in terms.items()): return False
+  return True
+
+
+def register_tile(k: Kernel) -> list:
+  """[(var, n), ...]: the output axes (row then column) a register tile blocks, or [] when none pays.
+  Lowering reads it too: a tile recomputes a computed operand once per block, so it stores expensive ones."""
+  reduces = _reduces(k)
+  gvars = [a.var for a in k.of_kind(K.GLOBAL)]
+  if not reduces or not gvars or k.of_kind(K.LOOP, K.LOCAL, K.UPCAST, K.UNROLL, K.GROUP_REDUCE): return []
+  if any(isinstance(x, Reduce) for r in reduces for x in toposort([r.src]) if x is not r): return []
+  deps = dependencies([st.value for st in k.stores])
+  extent = 1
+  for v in gvars: extent *= v.hi + 1
+  cols = next((c for c in OUT_LANES if (gvars[-1].hi + 1) % c == 0), None)
+  if cols is None: return []
+  if not ((extent // cols >= MIN_PARALLEL and _reused_without(gvars[-1], reduces, deps)) or
+          (extent // cols >= 4 and _columns_contiguous(gvars[-1], reduces))): return []
+  tile = [(gvars[-1], cols)]
+  if len(gvars) >= 2 and (gvars[-2].hi + 1) % ROW_LANES == 0 and extent // (cols * ROW_LANES) >= MIN_PARALLEL and \
+     _reused_without(gvars[-2], reduces, deps):
+    tile.insert(0, (gvars[-2], ROW_LANES))
+  return tile
+
+
+def hand_coded(k: Kernel, caps: Caps) -> list:
+  """The actions the default heuristic picks for k (each legal in turn: apply them in order)."""
+  opts: list = []
+  def do(op, var, arg) -> int:
+    nonlocal k
+    o = Opt(op, k.axis_index(var), arg)
+    k = apply_opt(k, o, caps)
+    opts.append(o)
+    return o.axis
+  if not caps.prefers_blocking: return opts
+  tile = register_tile(k)
+  if tile:
+    outer = []
+    for var, n in tile:
+      i = do(OptOp.UPCAST, var, n)   # a split keeps the outer half in place
+      if k.axes[i].kind is K.GLOBAL: outer.append(k.axes[i].var)
+    if len(outer) == 2:   # the row blocks run fastest
+      do(OptOp.SWAP, outer[0], k.axis_index(outer[1]))
+    return opts
+  for r in _reduces(k):
+    last = r.loops[-1]
+    size = last.hi + 1
+    if size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES:
+      do(OptOp.UPCAST, last, REDUCE_LANES)
+  return opts
+

@@ -1,0 +1,31 @@
+"""The one road from a canonical Kernel to source: actions -> passes -> linearize -> render. The runtime
+(Device.compiled) and the search both call it, so what is searched is what runs.
+
+  optimize(k, caps, opts)  the actions (the device's heuristic when opts is None) applied: codegen/opt
+  prepare(k, caps, ...)    optimized, register axes expanded, work items bound, linearized
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from fusegrad.codegen.ir import Kernel
+from fusegrad.codegen.renderer.base import Caps
+from fusegrad.codegen.opt import apply_opts, heuristic
+from fusegrad.codegen import passes
+from fusegrad.codegen.linearize import linearize
+
+
+@dataclass(frozen=True)
+class Prepared:
+  kernel: Kernel       # what is launched: its global_size, local_size and cost are the optimized kernel's
+  listing: list        # the typed statements (codegen/linearize.py)
+  opts: tuple          # the actions applied
+
+
+def optimize(k: Kernel, caps: Caps, opts=None) -> Kernel:
+  if opts is None: opts = heuristic.hand_coded(k, caps)
+  return apply_opts(k, opts, caps)
+
+
+def prepare(k: Kernel, caps: Caps, opts=None) -> Prepared:
+  ko = optimize(k, caps, opts)
+  ke, _, _ = passes.bind(passes.group(passes.expand(ko)))
+  return Prepared(ke, linearize(ke), ko.opts)

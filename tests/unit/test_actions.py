@@ -1,0 +1,138 @@
+"""Each optimizer action against the numpy interpreter: the kernel with the action gives the unoptimized
+kernel's result (up to float reassociation), and an illegal action raises OptError saying why."""
+from __future__ import annotations
+import random
+import numpy as np
+import pytest
+from fusegrad.codegen.ir import AxisKind
+from fusegrad.codegen.opt import Opt, OptOp, OptError, apply_opt
+from fusegrad.codegen.opt import heuristic
+from fusegrad.runtime import device as rd
+from tests.unit.kernels import one_kernel, run, make, NAMES
+
+K = AxisKind
+
+
+def _close(a, b):
+  if a.dtype.kind in "iub": np.testing.assert_array_equal(a, b)
+  else: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def _legal_actions(k, caps):
+  """Every single action that applies to k (small amounts)."""
+  out = []
+  for i, a in enumerate(k.axes):
+    for op in OptOp:
+      args = [j for j in range(len(k.axes)) if j != i] if op is OptOp.SWAP else [2, 3, 4, 8, 16, a.size]
+      for n in sorted(set(args)):
+        try: apply_opt(k, Opt(op, i, n), caps)
+        except OptError: continue
+        out.append(Opt(op, i, n))
+  return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_single_action_keeps_the_result(name, rng):
+  item = one_kernel(make(name, rng))
+  want = run(item, ())
+  caps = rd.get("PYTHON").caps
+  acts = _legal_actions(item.kernel, caps)
+  assert acts, f"no action applies to {item.kernel.axes}"
+  for o in acts: _close(run(item, (o,)), want)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_random_action_sequences_keep_the_result(name, rng):
+  """The fuzzer of actions: random legal sequences of up to four actions."""
+  item = one_kernel(make(name, rng))
+  want = run(item, ())
+  caps = rd.get("PYTHON").caps
+  r = random.Random(int(rng.integers(1 << 30)))
+  for _ in range(6):
+    k, seq = item.kernel, []
+    for _ in range(r.randint(1, 4)):
+      acts = _legal_actions(k, caps)
+      if not acts: break
+      o = r.choice(acts)
+      k = apply_opt(k, o, caps)
+      seq.append(o)
+    _close(run(item, tuple(seq)), want)
+
+
+def test_upcast_splits_an_axis_and_unroll_keeps_order(rng):
+  item = one_kernel(make("sum_rows", rng))
+  k, caps = item.kernel, rd.get("PYTHON").caps
+  assert [a.kind for a in k.axes] == [K.GLOBAL, K.REDUCE]
+  k2 = apply_opt(k, Opt(OptOp.UPCAST, 0, 8), caps)
+  assert [(a.kind, a.size) for a in k2.axes] == [(K.GLOBAL, 5), (K.UPCAST, 8), (K.REDUCE, 64)]
+  assert k2.opts == (Opt(OptOp.UPCAST, 0, 8),)
+  # unrolling a reduction updates one accumulator in the loop's order: the same bits as the loop
+  np.testing.assert_array_equal(run(item, (Opt(OptOp.UNROLL, 1, 4),)), run(item, ()))
+
+
+def test_illegal_actions_say_why(rng):
+  item = one_kernel(make("sum_rows", rng))
+  k = item.kernel
+  cpu = rd.get("CPU").caps
+  with pytest.raises(OptError, match="does not divide"): apply_opt(k, Opt(OptOp.UPCAST, 0, 3), cpu)
+  with pytest.raises(OptError, match="no work-groups"): apply_opt(k, Opt(OptOp.LOCAL, 0, 8), cpu)
+  with pytest.raises(OptError, match="only a reduction axis unrolls"): apply_opt(k, Opt(OptOp.UNROLL, 0, 8), cpu)
+  with pytest.raises(OptError, match="has 2 axes"): apply_opt(k, Opt(OptOp.UPCAST, 5, 2), cpu)
+  with pytest.raises(OptError, match="one kind"): apply_opt(k, Opt(OptOp.SWAP, 0, 1), cpu)
+  with pytest.raises(OptError, match="exceed the device"):
+    k2 = apply_opt(k, Opt(OptOp.UPCAST, 1, 64), cpu)
+    apply_opt(k2, Opt(OptOp.UPCAST, 0, 8), cpu)
+
+
+def test_padto_computes_nothing_past_the_size(rng):
+  item = one_kernel(make("sum_rows", rng))     # 40 rows
+  want = run(item, ())
+  caps = rd.get("PYTHON").caps
+  opts = (Opt(OptOp.PADTO, 0, 16), Opt(OptOp.UPCAST, 0, 16), Opt(OptOp.PADTO, 2, 24), Opt(OptOp.UPCAST, 2, 3))
+  k = item.kernel
+  for o in opts: k = apply_opt(k, o, caps)
+  assert [a.size for a in k.axes] == [3, 16, 24, 3]   # 40 -> 48 rows, 64 -> 72 columns
+  _close(run(item, opts), want)
+
+
+def test_heuristic_tiles_a_matmul(rng):
+  item = one_kernel(make("matmul_big", rng))
+  opts = heuristic.hand_coded(item.kernel, rd.get("CPU").caps)
+  assert [o.op for o in opts] == [OptOp.UPCAST, OptOp.UPCAST, OptOp.SWAP]
+  assert (opts[0].arg, opts[1].arg) == (heuristic.ROW_LANES, 16)
+
+
+@pytest.mark.parametrize("name", ["matmul", "softmax", "conv", "int_sum"])
+def test_compiled_actions_match_the_interpreter(name, rng):
+  """The C renderer spells what the interpreter runs: a few action sequences, compiled."""
+  item = one_kernel(make(name, rng, "CPU"))
+  want = run(item, (), "CPU")
+  caps = rd.get("CPU").caps
+  acts = _legal_actions(item.kernel, caps)
+  r = random.Random(int(rng.integers(1 << 30)))
+  for o in r.sample(acts, min(3, len(acts))): _close(run(item, (o,), "CPU"), want)
+
+
+def _has_opencl() -> bool:
+  try:
+    rd.get("OPENCL")
+    return True
+  except Exception:
+    return False
+
+
+@pytest.mark.skipif(not _has_opencl(), reason="no OpenCL device (pyopencl) on this machine")
+@pytest.mark.parametrize("name,opts", [
+  ("sum_rows", (Opt(OptOp.GROUP, 1, 16),)),
+  ("sum_rows", (Opt(OptOp.LOCAL, 0, 8), Opt(OptOp.GROUP, 2, 8), Opt(OptOp.UPCAST, 2, 4))),
+  ("max_rows", (Opt(OptOp.GROUP, 1, 48),)),
+  ("matmul", (Opt(OptOp.LOCAL, 1, 16), Opt(OptOp.LOCAL, 0, 4), Opt(OptOp.UPCAST, 0, 2))),
+  ("int_sum", (Opt(OptOp.GROUP, 1, 32),)),
+])
+def test_work_groups_on_opencl(name, opts, rng):
+  """Work-group dims and group reductions (local memory, barriers) rendered in OpenCL C match the interpreter."""
+  item = one_kernel(make(name, rng, "OPENCL"))
+  want = run(item, (), "OPENCL")
+  c = rd.get("OPENCL").compile_with(item.kernel, opts)
+  assert c.kernel.local_size is not None and "barrier" in c.source if any(o.op is OptOp.GROUP for o in opts) else True
+  _close(run(item, opts, "OPENCL"), want)
