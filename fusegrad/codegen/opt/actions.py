@@ -61,10 +61,20 @@ def _need(ok: bool, opt: Opt, k: Kernel, why: str) -> None:
 
 
 def _register_count(k: Kernel) -> int:
-  n = 1
-  for a in k.axes:
-    if a.kind in REGISTER_KINDS: n *= a.size
-  return n
+  """Values one work item holds expanded at once: its register tile of outputs times the most accumulators (or
+  unrolled values) one reduction keeps."""
+  reds = _reduces(k)
+  inside = {v for r in reds for v in r.loops}
+  size = {a.var: a.size for a in k.axes if a.kind in REGISTER_KINDS}
+  out = 1
+  for v, n in size.items():
+    if v not in inside: out *= n
+  per = [1]
+  for r in reds:
+    n = 1
+    for v in r.loops: n *= size.get(v, 1)
+    per.append(n)
+  return out * max(per)
 
 
 def _split(k: Kernel, i: int, n: int, inner_kind: AxisKind) -> Kernel:
@@ -89,17 +99,19 @@ def _check_split(k: Kernel, opt: Opt, a: Axis) -> None:
 def _upcast(k, opt, a, caps):
   _need(a.kind in (K.GLOBAL, K.LOOP, K.REDUCE), opt, k, f"cannot upcast a {a.kind.value} axis")
   _check_split(k, opt, a)
-  _need(_register_count(k) * opt.arg <= caps.max_registers, opt, k,
-        f"{_register_count(k) * opt.arg} values in registers exceed the device's {caps.max_registers}")
-  return _split(k, opt.axis, opt.arg, K.UPCAST)
+  return _registers_ok(_split(k, opt.axis, opt.arg, K.UPCAST), opt, caps)
 
 
 def _unroll(k, opt, a, caps):
   _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis unrolls, this one is {a.kind.value}")
   _check_split(k, opt, a)
-  _need(_register_count(k) * opt.arg <= caps.max_registers, opt, k,
-        f"{_register_count(k) * opt.arg} values in registers exceed the device's {caps.max_registers}")
-  return _split(k, opt.axis, opt.arg, K.UNROLL)
+  return _registers_ok(_split(k, opt.axis, opt.arg, K.UNROLL), opt, caps)
+
+
+def _registers_ok(k: Kernel, opt: Opt, caps: Caps) -> Kernel:
+  n = _register_count(k)
+  _need(n <= caps.max_registers, opt, k, f"{n} values in registers exceed the device's {caps.max_registers}")
+  return k
 
 
 def _local(k, opt, a, caps):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from fusegrad.graph import symbolic as sym
 from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Load, Gather, toposort, dependencies
 from fusegrad.codegen.renderer.base import Caps
-from fusegrad.codegen.opt.actions import Opt, OptOp, apply_opt
+from fusegrad.codegen.opt.actions import Opt, OptOp, OptError, apply_opt
 
 K = AxisKind
 # a register-tiled kernel keeps at least this many work items
@@ -78,10 +78,14 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
   """The actions the default heuristic picks for k (each legal in turn: apply them in order)."""
   opts: list = []
   def do(op, var, arg) -> int:
+    """Apply the action if it is legal here (a device's limits may refuse it); the axis index it acted on."""
     nonlocal k
     o = Opt(op, k.axis_index(var), arg)
-    k = apply_opt(k, o, caps)
-    opts.append(o)
+    try:
+      k = apply_opt(k, o, caps)
+      opts.append(o)
+    except OptError:
+      pass
     return o.axis
   if not caps.prefers_blocking: return opts
   tile = register_tile(k)
