@@ -380,6 +380,7 @@ class MultiheadAttention(Module):
   def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
               need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
               is_causal: bool = False):
+    packed = query is key and key is value and self._qkv_same_embed_dim   # self-attention: one projection
     unbatched = query.ndim == 2
     if unbatched:
       if key.ndim != 2 or value.ndim != 2:
@@ -408,9 +409,13 @@ class MultiheadAttention(Module):
       wq, wk, wv = self.in_proj_weight[:E], self.in_proj_weight[E:2 * E], self.in_proj_weight[2 * E:]
     else:
       wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
-    q = F.linear(query, wq, bq).reshape(L, N * H, D).transpose(0, 1)     # [N*H, L, D]
-    k = F.linear(key, wk, bk).reshape(S, N * H, D).transpose(0, 1)
-    v = F.linear(value, wv, bv).reshape(S, N * H, D).transpose(0, 1)
+    if packed:   # one [3E, E] matmul (one kernel) rather than three
+      qkv = F.linear(query, self.in_proj_weight, b).reshape(L, N, 3, H, D)
+      q, k, v = (qkv[:, :, i].reshape(L, N * H, D).transpose(0, 1) for i in range(3))
+    else:
+      q = F.linear(query, wq, bq).reshape(L, N * H, D).transpose(0, 1)     # [N*H, L, D]
+      k = F.linear(key, wk, bk).reshape(S, N * H, D).transpose(0, 1)
+      v = F.linear(value, wv, bv).reshape(S, N * H, D).transpose(0, 1)
     # masks as PyTorch's _canonical_mask: bool True is "not allowed" (-inf), float masks are added
     mask = None
     if attn_mask is not None:
