@@ -7,6 +7,7 @@ primitive table of graph/ops.py.
 """
 from __future__ import annotations
 import builtins
+import copy
 import functools
 import math
 from collections import namedtuple
@@ -224,7 +225,7 @@ class Tensor:
                          "at the moment")
     with autograd.no_grad(): out = Tensor(_node=self.detach().clone().node)
     if self.requires_grad: out.requires_grad_()
-    if self.grad is not None: out.grad = self.grad.__deepcopy__(memo)
+    if self.grad is not None: out.grad = copy.deepcopy(self.grad, memo)
     return out
 
   # ---- realizing ----

@@ -14,6 +14,9 @@ import fusegrad.nn as fnn
 E, H, FF = 8, 2, 16          # d_model, nhead, dim_feedforward
 N, S, T = 2, 5, 4            # batch, source length, target length
 RTOL, ATOL = 1e-4, 1e-4
+# torch's notes on its own fast path and on masks of mixed types (which both libraries accept)
+pytestmark = [pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
+              pytest.mark.filterwarnings("ignore:Support for mismatched")]
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
