@@ -7,6 +7,7 @@ primitive table of graph/ops.py.
 """
 from __future__ import annotations
 import builtins
+import copy
 import functools
 import math
 from collections import namedtuple
@@ -216,6 +217,16 @@ class Tensor:
     autograd.backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
   @property
   def is_leaf(self) -> bool: return self._ctx is None
+  def __deepcopy__(self, memo) -> "Tensor":
+    """copy.deepcopy (of a Module, as nn.TransformerEncoder clones its layer): a leaf on its own storage with
+    the same value, requires_grad and a copy of .grad, as torch; torch refuses non-leaf tensors too."""
+    if not self.is_leaf:
+      raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol "
+                         "at the moment")
+    with autograd.no_grad(): out = Tensor(_node=self.detach().clone().node)
+    if self.requires_grad: out.requires_grad_()
+    if self.grad is not None: out.grad = copy.deepcopy(self.grad, memo)
+    return out
 
   # ---- realizing ----
   def realize(self) -> "Tensor":

@@ -11,6 +11,8 @@ from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, ConvTranspose1
                                 Tanh, Hardtanh, Hardsigmoid, Hardswish, LogSigmoid, Softmax, LogSoftmax, MSELoss,
                                 L1Loss, SmoothL1Loss, HuberLoss, CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss,
                                 KLDivLoss)
+from fusegrad.nn.transformer import (Transformer, TransformerEncoder, TransformerDecoder, TransformerEncoderLayer,
+                                     TransformerDecoderLayer)
 from fusegrad.nn import functional, init, utils  # noqa: F401
 
 

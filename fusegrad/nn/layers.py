@@ -348,7 +348,8 @@ class MultiheadAttention(Module):
     if embed_dim <= 0 or num_heads <= 0:
       raise ValueError(f"embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} and "
                        f"num_heads={num_heads} instead")
-    if embed_dim % num_heads: raise AssertionError("embed_dim must be divisible by num_heads")
+    if embed_dim % num_heads:
+      raise AssertionError(f"embed_dim must be divisible by num_heads (got embed_dim={embed_dim}, num_heads={num_heads})")
     if add_bias_kv or add_zero_attn: raise NotImplementedError("add_bias_kv and add_zero_attn are not supported")
     self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
     self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
@@ -379,14 +380,28 @@ class MultiheadAttention(Module):
   def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
               need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
               is_causal: bool = False):
+    packed = query is key and key is value and self._qkv_same_embed_dim   # self-attention: one projection
     unbatched = query.ndim == 2
-    if unbatched: query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    if unbatched:
+      if key.ndim != 2 or value.ndim != 2:
+        raise AssertionError(f"For unbatched (2-D) `query`, expected `key` and `value` to be 2-D but found "
+                             f"{key.ndim}-D and {value.ndim}-D tensors respectively")
+      query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    elif query.ndim == 3 and (key.ndim != 3 or value.ndim != 3):
+      raise AssertionError(f"For batched (3-D) `query`, expected `key` and `value` to be 3-D but found "
+                           f"{key.ndim}-D and {value.ndim}-D tensors respectively")
     elif self.batch_first: query, key, value = (t.transpose(0, 1) for t in (query, key, value))
     if query.ndim != 3 or query.shape[-1] != self.embed_dim:
       raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but got query of shape "
                            f"{list(query.shape)}")
     L, N, E = query.shape
     S = key.shape[0]
+    if key.shape[1] != N or value.shape[:2] != key.shape[:2]:
+      raise AssertionError(f"key's sequence and batch dims {list(key.shape[:2])} must match value's "
+                           f"{list(value.shape[:2])} and the query's batch size {N} (sequence-first shapes)")
+    if key.shape[-1] != self.kdim or value.shape[-1] != self.vdim:
+      raise AssertionError(f"was expecting key and value of embedding dimension {self.kdim} and {self.vdim}, but got "
+                           f"key of shape {list(key.shape)} and value of shape {list(value.shape)} (sequence-first)")
     H, D = self.num_heads, self.head_dim
     b = self.in_proj_bias
     bq, bk, bv = (b[:E], b[E:2 * E], b[2 * E:]) if b is not None else (None, None, None)
@@ -394,21 +409,40 @@ class MultiheadAttention(Module):
       wq, wk, wv = self.in_proj_weight[:E], self.in_proj_weight[E:2 * E], self.in_proj_weight[2 * E:]
     else:
       wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
-    q = F.linear(query, wq, bq).reshape(L, N * H, D).transpose(0, 1)     # [N*H, L, D]
-    k = F.linear(key, wk, bk).reshape(S, N * H, D).transpose(0, 1)
-    v = F.linear(value, wv, bv).reshape(S, N * H, D).transpose(0, 1)
+    if packed:   # one [3E, E] matmul (one kernel) rather than three
+      qkv = F.linear(query, self.in_proj_weight, b).reshape(L, N, 3, H, D)
+      q, k, v = (qkv[:, :, i].reshape(L, N * H, D).transpose(0, 1) for i in range(3))
+    else:
+      q = F.linear(query, wq, bq).reshape(L, N * H, D).transpose(0, 1)     # [N*H, L, D]
+      k = F.linear(key, wk, bk).reshape(S, N * H, D).transpose(0, 1)
+      v = F.linear(value, wv, bv).reshape(S, N * H, D).transpose(0, 1)
+    # masks as PyTorch's _canonical_mask: bool True is "not allowed" (-inf), float masks are added
     mask = None
     if attn_mask is not None:
-      mask = attn_mask if attn_mask.ndim == 3 else attn_mask.unsqueeze(0)
-      if attn_mask.dtype.is_bool: mask = fg.zeros(*mask.shape, device=q.device).masked_fill(mask, -math.inf)
-      if mask.shape[0] == N * H: mask = mask.reshape(N, H, L, S)
-      else: mask = mask.reshape(1, 1, L, S)
+      _check_mask_dtype(attn_mask, "attn_mask")
+      if attn_mask.ndim == 2:
+        if tuple(attn_mask.shape) != (L, S):
+          raise RuntimeError(f"The shape of the 2D attn_mask is {list(attn_mask.shape)}, but should be {[L, S]}.")
+        mask = attn_mask.reshape(1, 1, L, S)
+      elif attn_mask.ndim == 3:
+        if tuple(attn_mask.shape) != (N * H, L, S):
+          raise RuntimeError(f"The shape of the 3D attn_mask is {list(attn_mask.shape)}, but should be "
+                             f"{[N * H, L, S]}.")
+        mask = attn_mask.reshape(N, H, L, S)
+      else:
+        raise RuntimeError(f"attn_mask's dimension {attn_mask.ndim} is not supported (shape {list(attn_mask.shape)})")
+      if mask.dtype.is_bool: mask = fg.zeros(*mask.shape, device=q.device, dtype=q.dtype).masked_fill(mask, -math.inf)
     elif is_causal:
-      mask = fg.zeros(L, S, device=q.device).masked_fill(F._causal_mask(L, S, q.device).logical_not(),
-                                                         -math.inf).reshape(1, 1, L, S)
+      mask = fg.zeros(L, S, device=q.device, dtype=q.dtype).masked_fill(
+        F._causal_mask(L, S, q.device).logical_not(), -math.inf).reshape(1, 1, L, S)
     if key_padding_mask is not None:
+      _check_mask_dtype(key_padding_mask, "key_padding_mask")
+      want = (S,) if unbatched else (N, S)
+      if tuple(key_padding_mask.shape) != want:
+        raise AssertionError(f"expecting key_padding_mask shape of {list(want)}, but got "
+                             f"{list(key_padding_mask.shape)}")
       kpm = key_padding_mask.reshape(N, 1, 1, S)
-      kpm = fg.zeros(N, 1, 1, S, device=q.device).masked_fill(kpm, -math.inf) if kpm.dtype.is_bool else kpm
+      if kpm.dtype.is_bool: kpm = fg.zeros(N, 1, 1, S, device=q.device, dtype=q.dtype).masked_fill(kpm, -math.inf)
       mask = kpm if mask is None else mask + kpm
     scores = (q @ k.transpose(1, 2)).reshape(N, H, L, S) * (1.0 / math.sqrt(D))
     if mask is not None: scores = scores + mask
@@ -421,6 +455,11 @@ class MultiheadAttention(Module):
     if not need_weights: return out, None
     w = p.mean(1) if average_attn_weights else p      # the weights the values were averaged with (dropout included)
     return out, (w.squeeze(0) if unbatched else w)
+
+
+def _check_mask_dtype(mask: Tensor, name: str) -> None:
+  if not (mask.dtype.is_bool or mask.dtype.is_float):
+    raise AssertionError(f"only bool and floating types of {name} are supported (got {mask.dtype.name})")
 
 
 # ---- activations as modules ---------------------------------------------------------------------------------------

@@ -21,6 +21,12 @@ class Parameter(Tensor):
 
   def __repr__(self) -> str: return "Parameter containing:\n" + super().__repr__()
 
+  def __deepcopy__(self, memo) -> "Parameter":
+    t = Tensor.__deepcopy__(self, memo)
+    out = Parameter(t.detach(), self.requires_grad)
+    out.grad = t.grad
+    return out
+
 
 def _set_value(t: Tensor, value: Tensor, same_storage: bool = True) -> None:
   """Give a leaf tensor (parameter, buffer) a new value in place, keeping its identity (optimizers hold it).
