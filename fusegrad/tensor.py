@@ -1020,11 +1020,15 @@ class Tensor:
   def _pad_edges(self, pads, mode: str) -> "Tensor":
     if mode not in ("reflect", "replicate", "circular"):
       raise NotImplementedError(f"padding mode {mode!r}: expected constant, reflect, replicate or circular")
-    x = self
+    for d, ((b, a), s) in enumerate(zip(pads, self.shape)):
+      if s + b + a < 0:
+        raise RuntimeError(f"The input size {s}, plus negative padding {b} and {a} resulted in a negative output size")
+    # negative pads crop first, and the positive ones then pad what is left (PyTorch's order)
+    x = self._shrink([(builtins.max(0, -b), s - builtins.max(0, -a)) for (b, a), s in zip(pads, self.shape)])
+    pads = [(builtins.max(0, b), builtins.max(0, a)) for b, a in pads]
     for d, (b, a) in enumerate(pads):
       if (b, a) == (0, 0): continue
       n = x.shape[d]
-      if b < 0 or a < 0: raise RuntimeError(f"{mode} padding must be non-negative, got ({b}, {a}) for dim {d}")
       limit = n - 1 if mode == "reflect" else n if mode == "circular" else None
       if limit is not None and (b > limit or a > limit):
         raise RuntimeError(f"{mode} padding ({b}, {a}) of dim {d} must be at most {limit} for an input of size {n} "
