@@ -11,6 +11,7 @@ from fusegrad.dtype import float32 as float, int32 as int   # noqa: A001 (PyTorc
 from fusegrad.tensor import (Tensor, tensor, full, zeros, ones, empty, zeros_like, ones_like, empty_like, full_like,
                              rand_like, randn_like, arange, linspace, eye, manual_seed, seed, rand, randn, randint,
                              randperm, cat, stack, einsum, where, broadcast_shapes, Generator, multinomial, randint_like)
+from fusegrad.indexing import *  # noqa: F401,F403 (scatter, index_*, take, masks, roll, tensor_split)
 from fusegrad.engine.track import track
 from fusegrad.engine.jit import jit
 from fusegrad.autograd import no_grad, enable_grad, grad, grad_enabled as is_grad_enabled

@@ -997,8 +997,12 @@ class Tensor:
     return self._view("SHRINK", bounds) if view else self._mv("SHRINK", bounds)
   def narrow(self, dim: int, start: int, length: int) -> "Tensor":
     d = _norm_dim(dim, self.ndim)
+    if isinstance(start, Tensor): start = int(start.item())
+    if not -self.shape[d] <= start <= self.shape[d]:
+      raise IndexError(f"start out of range (expected to be in range of [{-self.shape[d]}, {self.shape[d]}], but got "
+                       f"{start})")
     if start < 0: start += self.shape[d]
-    if not (0 <= start <= self.shape[d]) or length < 0 or start + length > self.shape[d]:
+    if length < 0 or start + length > self.shape[d]:
       raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({self.shape[d]}).")
     return self._shrink([(start, start + length) if i == d else (0, s) for i, s in enumerate(self.shape)], view=True)
   def pad(self, padding, value=0.0, mode: str = "constant") -> "Tensor":
@@ -1027,11 +1031,15 @@ class Tensor:
   def _pad_edges(self, pads, mode: str) -> "Tensor":
     if mode not in ("reflect", "replicate", "circular"):
       raise NotImplementedError(f"padding mode {mode!r}: expected constant, reflect, replicate or circular")
-    x = self
+    for d, ((b, a), s) in enumerate(zip(pads, self.shape)):
+      if s + b + a < 0:
+        raise RuntimeError(f"The input size {s}, plus negative padding {b} and {a} resulted in a negative output size")
+    # negative pads crop first, and the positive ones then pad what is left (PyTorch's order)
+    x = self._shrink([(builtins.max(0, -b), s - builtins.max(0, -a)) for (b, a), s in zip(pads, self.shape)])
+    pads = [(builtins.max(0, b), builtins.max(0, a)) for b, a in pads]
     for d, (b, a) in enumerate(pads):
       if (b, a) == (0, 0): continue
       n = x.shape[d]
-      if b < 0 or a < 0: raise RuntimeError(f"{mode} padding must be non-negative, got ({b}, {a}) for dim {d}")
       limit = n - 1 if mode == "reflect" else n if mode == "circular" else None
       if limit is not None and (b > limit or a > limit):
         raise RuntimeError(f"{mode} padding ({b}, {a}) of dim {d} must be at most {limit} for an input of size {n} "
@@ -1085,6 +1093,7 @@ class Tensor:
   def chunk(self, chunks: int, dim: int = 0):
     if chunks <= 0: raise RuntimeError("chunk expects `chunks` to be greater than 0")
     d = _norm_dim(dim, self.ndim)
+    if self.shape[d] == 0: return tuple(self.narrow(d, 0, 0) for _ in range(chunks))   # as PyTorch: `chunks` empties
     return self.split(builtins.max(1, -(-self.shape[d] // chunks)), d)
   def unbind(self, dim: int = 0):
     d = _norm_dim(dim, self.ndim)
@@ -1125,8 +1134,11 @@ class Tensor:
     if index.dtype.is_float or index.dtype.is_bool:
       raise IndexError(f"index_select(): Expected dtype int32/int64 for index, got {index.dtype.name}")
     n = self.shape[d] if self.ndim else 1
+    if self.ndim == 0 and index.numel() != 1:
+      raise RuntimeError(f"index_select(): Index to scalar can have only 1 value, got {index.numel()} value(s)")
     index = _index_in_range(index, n, IndexError, lambda v: f"index out of range in self (index {v}, dimension {d} "
                                                               f"of size {n})")
+    if self.ndim == 0: return self.reshape(1)[index.reshape(-1)].reshape(())
     return self[(slice(None),) * d + (index.reshape(-1),)]
   def masked_fill(self, mask: "Tensor", value) -> "Tensor":
     if not isinstance(mask, Tensor) or not mask.dtype.is_bool:
@@ -1923,11 +1935,20 @@ def einsum(equation: str, *operands) -> Tensor:
   return res.permute(*[kept.index(c) for c in out]) if kept else res
 
 
-def _movedim(self: Tensor, source: int, destination: int) -> Tensor:
-  s, d = _norm_dim(source, self.ndim), _norm_dim(destination, self.ndim)
-  order = [i for i in range(self.ndim) if i != s]
-  order.insert(d, s)
-  return self.permute(*order)
+def _movedim(self: Tensor, source, destination) -> Tensor:
+  """movedim(int, int) or movedim(tuple, tuple): the source dims land at the destination positions, the other
+  dims keep their order in the remaining places."""
+  src = (source,) if isinstance(source, (int, np.integer)) else tuple(source)
+  dst = (destination,) if isinstance(destination, (int, np.integer)) else tuple(destination)
+  if len(src) != len(dst):
+    raise RuntimeError(f"movedim: Invalid source or destination dims: source ({list(src)} dims) should contain the "
+                       f"same number of dims as destination ({list(dst)} dims)")
+  s, d = _norm_dims(src, self.ndim), _norm_dims(dst, self.ndim)
+  if self.ndim == 0: return self
+  order = [None] * self.ndim
+  for a, b in zip(s, d): order[b] = a
+  rest = iter(i for i in range(self.ndim) if i not in s)
+  return self.permute(*[o if o is not None else next(rest) for o in order])
 
 
 Tensor.movedim = _movedim

@@ -44,11 +44,25 @@ def softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
 def log_softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
   return input.log_softmax(_softmax_dim(input, dim, "log_softmax"), dtype=dtype)
 def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
+  _check_tensor(input, "pad")
+  if mode not in ("constant", "reflect", "replicate", "circular"):
+    raise NotImplementedError(f"Unrecognised padding mode {mode}")
+  k = len(pad) // 2
+  if mode != "constant" and len(pad) % 2 == 0 and 1 <= k <= 3 and input.ndim not in (k + 1, k + 2):
+    # PyTorch pads the last 1-3 dims of a batched or unbatched input in these modes (Tensor.pad takes any)
+    raise NotImplementedError(f"Padding size {len(pad)} is not supported for {input.ndim}D input tensor. Non-constant "
+                              f"padding of size {len(pad)} needs a {k + 1}D or {k + 2}D input")
   return input.pad(pad, 0.0 if value is None else value, mode)
 
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-  n = input.abs().pow(p).sum(dim, keepdim=True).pow(1 / p) if p != 2 else input.square().sum(dim, keepdim=True).sqrt()
+  """input / max(||input||_p, eps) along dim; a zero vector stays zero with a finite gradient (the norm's gradient
+  at 0 is taken as 0, as PyTorch's)."""
+  _check_tensor(input, "normalize")
+  if input.ndim == 0: dim = 0 if dim in (0, -1) else dim
+  s = input.square().sum(dim, keepdim=True) if p == 2 else input.abs().pow(p).sum(dim, keepdim=True)
+  zero = s == 0
+  n = where(zero, 0.0, where(zero, 1.0, s).pow(0.5 if p == 2 else 1 / p))
   return input / n.clamp_min(eps)
 
 
@@ -630,3 +644,8 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
     v = tensor.numpy()
     if v.size and (v.min() < 0 or v.max() >= num_classes): raise RuntimeError("Class values must be smaller than num_classes.")
   return (tensor.unsqueeze(-1) == fg.arange(num_classes, device=tensor.device))._cast(dt.int64)
+
+
+# resampling, rearranging and the further losses live in their own modules; they are part of this namespace
+from fusegrad.nn.sampling import *  # noqa: E402,F401,F403
+from fusegrad.nn.losses import *  # noqa: E402,F401,F403
