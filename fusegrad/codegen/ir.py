@@ -10,7 +10,7 @@ register axes, binding of work-item indices), linearization and rendering.
 """
 from __future__ import annotations
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from fusegrad.dtype import DType
 from fusegrad.graph import symbolic as sym
 
@@ -259,5 +259,4 @@ def substitute_kernel(k: Kernel, env: dict, loops: dict | None = None, axes: tup
   """k with index variables replaced in every value and store (see substitute), and new axes if given."""
   vals = substitute([st.value for st in k.stores], env, loops)
   stores = tuple(Store(st.buf, sym.substitute(st.idx, env), v, st.valid.substitute(env)) for st, v in zip(k.stores, vals))
-  from dataclasses import replace
   return replace(k, stores=stores, axes=k.axes if axes is None else axes, **changes)

@@ -11,9 +11,8 @@ and GROUP_REDUCE axes from the flat index `lidx` within a work-group; index expr
 from __future__ import annotations
 import itertools
 from dataclasses import replace
-from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
-from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Const, Store,
+from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store,
                                  dependencies, toposort, substitute_kernel)
 
 K = AxisKind

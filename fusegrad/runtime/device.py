@@ -186,55 +186,45 @@ class Device:
     return self.renderer.caps
 
   def compiled(self, kernel) -> "Compiled":
-    """A canonical Kernel optimized, linearized, rendered and compiled once (codegen/pipeline.py).
-    Compiled programs are also shared by source, so equal kernels from different graphs compile once.
-    Safe from several threads: two that compile one source at once both succeed, and the first is kept."""
+    """A canonical Kernel optimized by the device's heuristic, linearized, rendered and compiled once
+    (codegen/pipeline.py). Compiled programs are also shared by source, so equal kernels from different graphs
+    compile once. Safe from several threads: two that compile one source at once both succeed, the first is kept."""
     with self.cache_lock:
       hit = self.by_kernel.get(id(kernel))
       if hit is not None and hit[0] is kernel:
         self.by_kernel.move_to_end(id(kernel))
         c = hit[1]
-        if c.program is None:
-          program = self._cached_program(c.source)
-          if program is not None: return Compiled(program, c.source, c.kernel, c.opts)
-        else: return c
-    if hit is None or hit[0] is not kernel:
-      from fusegrad.codegen.pipeline import prepare
-      from fusegrad.codegen.linearize import format_listing
-      p = prepare(kernel, self.caps)
-      if self.renderer is None:   # an interpreter runs the listing itself (no resources to bound: kept here)
-        c = Compiled(self.compile_listing(p.kernel, p.listing), format_listing(p.listing), p.kernel, p.opts)
-        with self.cache_lock: self._remember(kernel, c)
-        return c
-      c = Compiled(None, self.renderer.render(p.kernel, p.listing), p.kernel, p.opts)
-      with self.cache_lock:
-        self._remember(kernel, c)
-        program = self._cached_program(c.source)
-      if program is not None: return Compiled(program, c.source, c.kernel, c.opts)
-    else: c = hit[1]
-    program = self.compile(c.kernel.name, c.source)
-    with self.cache_lock:
-      program = self.programs.setdefault(c.source, program)
-      self.programs.move_to_end(c.source)
-      while len(self.programs) > max(self.max_programs, 1): self.programs.popitem(last=False)
-    return Compiled(program, c.source, c.kernel, c.opts)
+      else: c = None
+    if c is None:
+      c = self._prepare(kernel, None)
+      with self.cache_lock: self._remember(kernel, c)
+    return self._with_program(c)
 
   def compile_with(self, kernel, opts) -> "Compiled":
     """A canonical Kernel with the given actions (not the heuristic's) made ready: for tests and the search.
     Programs are shared by source with everything else; the kernel's own entry is left alone."""
+    return self._with_program(self._prepare(kernel, tuple(opts)))
+
+  def _prepare(self, kernel, opts) -> "Compiled":
+    """Optimized and rendered (an interpreter's listing is its program already)."""
     from fusegrad.codegen.pipeline import prepare
     from fusegrad.codegen.linearize import format_listing
-    p = prepare(kernel, self.caps, tuple(opts))
+    p = prepare(kernel, self.caps, opts)
     if self.renderer is None:
       return Compiled(self.compile_listing(p.kernel, p.listing), format_listing(p.listing), p.kernel, p.opts)
-    src = self.renderer.render(p.kernel, p.listing)
-    with self.cache_lock: program = self._cached_program(src)
+    return Compiled(None, self.renderer.render(p.kernel, p.listing), p.kernel, p.opts)
+
+  def _with_program(self, c: "Compiled") -> "Compiled":
+    """c with its program: from `programs` by source, else compiled and kept there (least recently used out)."""
+    if c.program is not None: return c
+    with self.cache_lock: program = self._cached_program(c.source)
     if program is None:
-      program = self.compile(p.kernel.name, src)
+      program = self.compile(c.kernel.name, c.source)
       with self.cache_lock:
-        program = self.programs.setdefault(src, program)
+        program = self.programs.setdefault(c.source, program)
+        self.programs.move_to_end(c.source)
         while len(self.programs) > max(self.max_programs, 1): self.programs.popitem(last=False)
-    return Compiled(program, src, p.kernel, p.opts)
+    return Compiled(program, c.source, c.kernel, c.opts)
 
   def kernel_program(self, kernel) -> tuple:
     """(program, source or listing text) of a canonical Kernel (see compiled)."""
@@ -247,8 +237,9 @@ class Device:
     return program
 
   def _remember(self, kernel, c: "Compiled") -> None:
-    # the entry never holds the program: only `programs` decides which compiled programs stay loaded
-    self.by_kernel[id(kernel)] = (kernel, Compiled(c.program if self.renderer is None else None, c.source, c.kernel, c.opts))
+    # a rendered kernel's entry holds no program (only `programs` decides which compiled programs stay loaded);
+    # an interpreter's listing is kept with it
+    self.by_kernel[id(kernel)] = (kernel, c)
     self.by_kernel.move_to_end(id(kernel))
     while len(self.by_kernel) > max(self.max_programs, 1) * 2: self.by_kernel.popitem(last=False)
 
