@@ -11,6 +11,7 @@ from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, ConvTranspose1
                                 Tanh, Hardtanh, Hardsigmoid, Hardswish, LogSigmoid, Softmax, LogSoftmax, MSELoss,
                                 L1Loss, SmoothL1Loss, HuberLoss, CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss,
                                 KLDivLoss)
+from fusegrad.nn.rnn import RNNBase, RNN, LSTM, GRU, RNNCellBase, RNNCell, LSTMCell, GRUCell
 from fusegrad.nn import functional, init, utils  # noqa: F401
 
 
