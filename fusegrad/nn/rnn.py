@@ -27,35 +27,44 @@ def _refuse_packed(input, name: str) -> None:
 
 
 # ---- one step of each kind, on a precomputed input projection -------------------------------------------------
-# xp: x @ W_ihᵀ (+ the biases that can be added before the loop), [N, gates * H]; h, c: [N, H_out], [N, H]
+# xp: x @ W_ihᵀ (+ the biases that can be added before the loop), [N, gates * H]; h, c: [N, H_out], [N, H], or
+# None for a zero initial state, whose h @ W_hhᵀ (a matmul kernel) and f * c are skipped
 
-def _rnn_step(xp: Tensor, h: Tensor, w_hh: Tensor, relu: bool) -> Tensor:
-  a = xp + h @ w_hh.T
+def _rnn_step(xp: Tensor, h: Tensor | None, w_hh: Tensor, relu: bool) -> Tensor:
+  a = xp if h is None else xp + h @ w_hh.T
   return a.relu() if relu else a.tanh()
 
 
-def _lstm_step(xp: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, w_hr: Tensor | None) -> tuple[Tensor, Tensor]:
-  i, f, g, o = (xp + h @ w_hh.T).chunk(4, 1)
-  c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+def _lstm_step(xp: Tensor, h: Tensor | None, c: Tensor | None, w_hh: Tensor,
+               w_hr: Tensor | None) -> tuple[Tensor, Tensor]:
+  i, f, g, o = (xp if h is None else xp + h @ w_hh.T).chunk(4, 1)
+  c = i.sigmoid() * g.tanh() if c is None else f.sigmoid() * c + i.sigmoid() * g.tanh()
   h = o.sigmoid() * c.tanh()
   return (h if w_hr is None else h @ w_hr.T), c
 
 
-def _gru_step(xp: Tensor, h: Tensor, w_hh: Tensor, b_hh: Tensor | None) -> Tensor:
+def _gru_step(xp: Tensor, h: Tensor | None, w_hh: Tensor, b_hh: Tensor | None) -> Tensor:
   # b_hh's n part sits inside r * (...), so it stays in the step
-  gh = h @ w_hh.T
-  if b_hh is not None: gh = gh + b_hh
+  gh = h @ w_hh.T if h is not None else None
+  if b_hh is not None: gh = b_hh if gh is None else gh + b_hh
   xr, xz, xn = xp.chunk(3, 1)
-  hr, hz, hn = gh.chunk(3, 1)
-  r, z = (xr + hr).sigmoid(), (xz + hz).sigmoid()
-  n = (xn + r * hn).tanh()
-  return n + z * (h - n)
+  if gh is None: r, z, n = None, xz.sigmoid(), xn.tanh()
+  else:
+    hr, hz, hn = gh.chunk(3, -1)
+    r, z = (xr + hr).sigmoid(), (xz + hz).sigmoid()
+    n = (xn + r * hn).tanh()
+  return n - z * n if h is None else n + z * (h - n)
 
 
 def _input_bias(mode: str, b_ih: Tensor | None, b_hh: Tensor | None) -> Tensor | None:
   """the bias added to the whole-sequence input projection: both biases, except GRU's b_hh"""
   if b_ih is None: return None
   return b_ih if mode == "GRU" else b_ih + b_hh
+
+
+def _stack_states(states: list) -> Tensor:
+  # one layer and direction: a view of the last step's state, not a copy kernel
+  return states[0].unsqueeze(0) if len(states) == 1 else fg.stack(states, 0)
 
 
 class RNNBase(Module):
@@ -148,9 +157,11 @@ class RNNBase(Module):
   # ---- the unrolled sequence ----
   def _run(self, x: Tensor, h0: list, c0: list | None) -> tuple[Tensor, list, list]:
     """x: [T, N, H_in] (or [N, T, H_in] batch_first); h0, c0: one [N, H] state per (layer, direction).
-    Returns the last layer's output and the final states, in PyTorch's (layer, direction) order."""
+    None is a zero state. Returns the last layer's output and the final states, in PyTorch's (layer, direction)
+    order."""
     tdim = 1 if self.batch_first else 0
     T = x.shape[tdim]
+    if T == 0: raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
     dirs = 2 if self.bidirectional else 1
     hn, cn = [], []
     for layer in range(self.num_layers):
@@ -200,12 +211,12 @@ class _SingleStateRNN(RNNBase):
     self._check_input(input)
     N = input.shape[0 if self.batch_first else 1]
     expected = self._expected_hidden(N, self.hidden_size)
-    if hx is None: h0 = [fg.zeros(N, self.hidden_size, dtype=input.dtype, device=input.device)] * expected[0]
+    if hx is None: h0 = [None] * expected[0]
     else:
       self._check_hidden(hx, expected)
       h0 = list(hx.unbind(0))
     out, hn, _ = self._run(input, h0, None)
-    h_n = fg.stack(hn, 0)
+    h_n = _stack_states(hn)
     if not batched: out, h_n = out.squeeze(0 if self.batch_first else 1), h_n.squeeze(1)
     return out, h_n
 
@@ -245,8 +256,7 @@ class LSTM(RNNBase):
     exp_h, exp_c = self._expected_hidden(N, real_hidden), self._expected_hidden(N, self.hidden_size)
     if hx is None:
       self._check_input(input)
-      h0 = [fg.zeros(N, real_hidden, dtype=input.dtype, device=input.device)] * exp_h[0]
-      c0 = [fg.zeros(N, self.hidden_size, dtype=input.dtype, device=input.device)] * exp_c[0]
+      h0 = c0 = [None] * exp_h[0]
     else:
       if not isinstance(hx, (tuple, list)) or len(hx) != 2:
         raise TypeError("LSTM: hx must be a tuple (h_0, c_0) of two Tensors")
@@ -261,7 +271,7 @@ class LSTM(RNNBase):
       self._check_hidden(c, exp_c, "Expected hidden[1] size {}, got {}")
       h0, c0 = list(h.unbind(0)), list(c.unbind(0))
     out, hn, cn = self._run(input, h0, c0)
-    h_n, c_n = fg.stack(hn, 0), fg.stack(cn, 0)
+    h_n, c_n = _stack_states(hn), _stack_states(cn)
     if not batched: out, h_n, c_n = out.squeeze(0 if self.batch_first else 1), h_n.squeeze(1), c_n.squeeze(1)
     return out, (h_n, c_n)
 
@@ -296,7 +306,7 @@ class RNNCellBase(Module):
     return s
 
   def _prepare(self, input, states: list, labels: list) -> tuple[Tensor, list, bool]:
-    """(input [N, H_in], states [N, H] (zeros where None), batched?) after PyTorch's checks and messages"""
+    """(input [N, H_in], states [N, H] (None, a zero state, where not given), batched?) after PyTorch's checks"""
     name = type(self).__name__
     _refuse_packed(input, name)
     if input.ndim not in (1, 2): raise ValueError(f"{name}: Expected input to be 1D or 2D, got {input.ndim}D instead")
@@ -310,8 +320,10 @@ class RNNCellBase(Module):
     N = input.shape[0]
     out = []
     for i, s in enumerate(states):
-      if s is None: s = fg.zeros(N, self.hidden_size, dtype=input.dtype, device=input.device)
-      elif not batched: s = s.unsqueeze(0)
+      if s is None:
+        out.append(None)
+        continue
+      if not batched: s = s.unsqueeze(0)
       if s.ndim != 2 or s.shape[0] != N:
         raise RuntimeError(f"Input batch size {N} doesn't match hidden{i} batch size {s.shape[0]}")
       if s.shape[1] != self.hidden_size:
