@@ -4,7 +4,8 @@ Each case builds the layer with the same constructor call in both libraries, giv
 copies them into torch's through load_state_dict (PyTorch's names and shapes) and compares outputs, final
 states, and the gradients of the input, the initial states and every parameter (torch in float64, ours in
 float32). Sizes are tiny and shared between cases: each time step's kernels differ (they read the input
-projection at the step's offset), so small, repeated shapes keep compiling cheap.
+projection at the step's offset), so small, repeated shapes keep compiling cheap. The full matrix runs on CPU;
+a part of it (marked by `on_all`) also on PYTHON and OPENCL.
 """
 from __future__ import annotations
 import math
@@ -13,9 +14,18 @@ import pytest
 import torch
 import fusegrad as fg
 import fusegrad.nn as fnn
+from conftest import DEVICES
 
 T_, N_, I_, H_ = 3, 2, 3, 4
 RTOL, ATOL = 1e-5, 2e-5
+
+
+def with_devices(cases: list, ids, on_python=lambda c: False, on_opencl=lambda c: False,
+                 slow=lambda c: False) -> list:
+  """cases x CPU, and the cases the predicates pick x PYTHON and OPENCL (OPENCL compiles slowly: few cases)"""
+  picks = {"CPU": lambda c: True, "PYTHON": on_python, "OPENCL": on_opencl}
+  return [pytest.param(*c, d, id=f"{i}-{d}", marks=[pytest.mark.slow] if slow(c) else [])
+          for c, i in zip(cases, ids) for d in DEVICES if picks[d](c)]
 
 
 def close(got, want, label: str) -> None:
@@ -86,12 +96,17 @@ def states(kind, rng, device, shape, given: bool):
 
 
 KINDS = ["RNN", "RNN_relu", "LSTM", "GRU"]
+# every option value on CPU in the fast set; the rest of the product is marked slow (compiling is the cost)
+FAST = ((1, False, False, False), (2, True, True, True), (1, True, False, True), (2, False, True, False))
 MATRIX = [(k, nl, bi, bf, h0) for k in KINDS for nl in (1, 2) for bi in (False, True) for bf in (False, True)
           for h0 in (False, True)]
 
 
-@pytest.mark.parametrize("kind,num_layers,bidirectional,batch_first,init", MATRIX,
-                         ids=["-".join(map(str, c)) for c in MATRIX])
+@pytest.mark.parametrize("kind,num_layers,bidirectional,batch_first,init,device",
+                         with_devices(MATRIX, ["-".join(map(str, c)) for c in MATRIX],
+                                      on_python=lambda c: c[1:] in ((2, True, True, True), (1, False, False, False)),
+                                      on_opencl=lambda c: c == ("LSTM", 1, False, False, False),
+                                      slow=lambda c: c[1:] not in FAST))
 def test_layer_matches_torch(kind, num_layers, bidirectional, batch_first, init, rng, device):
   build = build_fn(kind, num_layers=num_layers, bidirectional=bidirectional, batch_first=batch_first)
   ours = build(fnn).to(device)
@@ -102,8 +117,11 @@ def test_layer_matches_torch(kind, num_layers, bidirectional, batch_first, init,
   compare(ours, theirs, [fx, *fh], [tx, *th], rng)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("init", [False, True])
+UNBATCHED = [(k, init) for k in KINDS for init in (False, True)]
+
+
+@pytest.mark.parametrize("kind,init,device", with_devices(UNBATCHED, [f"{k}-{i}" for k, i in UNBATCHED],
+                                                          on_python=lambda c: c[0] == "LSTM" and c[1]))
 def test_unbatched_input(kind, init, rng, device):
   build = build_fn(kind, num_layers=2, bidirectional=True, batch_first=True)
   ours = build(fnn).to(device)
@@ -114,7 +132,8 @@ def test_unbatched_input(kind, init, rng, device):
   compare(ours, theirs, [fx, *fh], [tx, *th], rng)
 
 
-@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("bidirectional,device", with_devices([(False,), (True,)], ["uni", "bi"],
+                                                                     on_python=lambda c: c[0]))
 def test_lstm_proj_size(bidirectional, rng, device):
   build = lambda L: L.LSTM(I_, H_, num_layers=2, bidirectional=bidirectional, proj_size=2)
   ours = build(fnn).to(device)
@@ -127,13 +146,15 @@ def test_lstm_proj_size(bidirectional, rng, device):
   compare(ours, theirs, [fx, (fh, fc)], [tx, (th, tc)], rng)
 
 
-CELLS = [("RNNCell", {}), ("RNNCell", {"nonlinearity": "relu"}), ("LSTMCell", {}), ("GRUCell", {}),
-         ("GRUCell", {"bias": False})]
+CELLS = [(c, kw, batched, init) for c, kw in [("RNNCell", {}), ("RNNCell", {"nonlinearity": "relu"}),
+                                             ("LSTMCell", {}), ("GRUCell", {}), ("GRUCell", {"bias": False})]
+         for batched in (True, False) for init in (False, True)]
 
 
-@pytest.mark.parametrize("cell,kw", CELLS, ids=[c + "-" + "-".join(f"{k}={v}" for k, v in kw.items()) for c, kw in CELLS])
-@pytest.mark.parametrize("batched", [True, False])
-@pytest.mark.parametrize("init", [False, True])
+@pytest.mark.parametrize("cell,kw,batched,init,device",
+                         with_devices(CELLS, [f"{c}-{'-'.join(f'{k}={v}' for k, v in kw.items())}-{b}-{i}"
+                                              for c, kw, b, i in CELLS], on_python=lambda c: c[2] and c[3],
+                                      on_opencl=lambda c: c[0] == "GRUCell" and c[2] and c[3] and not c[1]))
 def test_cell_matches_torch(cell, kw, batched, init, rng, device):
   build = lambda L: getattr(L, cell)(I_, H_, **kw)
   ours = build(fnn).to(device)
@@ -161,7 +182,19 @@ def test_cell_loop_equals_layer(rng):
   np.testing.assert_allclose(cn.numpy()[0], c.numpy(), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", ["RNN", "GRU"])
+def test_one_step_without_state_gives_zero_weight_hh_grad(kind, rng):
+  """W_hh meets only the zero initial state: its gradient is zeros, as torch's, not None"""
+  build = lambda L: getattr(L, kind)(I_, H_, bidirectional=True)
+  ours = build(fnn)
+  randomize(ours, rng, "CPU")
+  fx, tx = pair(rng, (1, N_, I_), "CPU")
+  compare(ours, twin(ours, build), [fx], [tx], rng)
+  assert not np.any(ours.weight_hh_l0.grad.numpy()) and not np.any(ours.weight_hh_l0_reverse.grad.numpy())
+
+
+@pytest.mark.parametrize("kind,device", with_devices([("LSTM",), ("GRU",)], ["LSTM", "GRU"],
+                                                    on_python=lambda c: c[0] == "LSTM"))
 def test_dropout_only_in_training(kind, rng, device):
   # eval: dropout > 0 is the same function as dropout 0 (and torch's)
   ours = getattr(fnn, kind)(I_, H_, num_layers=2, dropout=0.5).to(device)

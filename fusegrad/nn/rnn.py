@@ -171,6 +171,8 @@ class RNNBase(Module):
         xp = F.linear(x, w_ih, _input_bias(self.mode, b_ih, b_hh))     # every step's projection: one matmul
         k = layer * dirs + d
         h, c = h0[k], (c0[k] if c0 is not None else None)
+        if h is None and T == 1:   # W_hh's gradient is zeros (as PyTorch's), not None: give it its matmul
+          h = fg.zeros(x.shape[1 - tdim], w_hh.shape[1], dtype=x.dtype, device=x.device)
         hs = [None] * T
         for t in (range(T - 1, -1, -1) if d else range(T)):
           xt = xp[:, t] if tdim else xp[t]
@@ -306,7 +308,7 @@ class RNNCellBase(Module):
     return s
 
   def _prepare(self, input, states: list, labels: list) -> tuple[Tensor, list, bool]:
-    """(input [N, H_in], states [N, H] (None, a zero state, where not given), batched?) after PyTorch's checks"""
+    """(input [N, H_in], states [N, H] (zeros where not given), batched?) after PyTorch's checks and messages"""
     name = type(self).__name__
     _refuse_packed(input, name)
     if input.ndim not in (1, 2): raise ValueError(f"{name}: Expected input to be 1D or 2D, got {input.ndim}D instead")
@@ -320,8 +322,8 @@ class RNNCellBase(Module):
     N = input.shape[0]
     out = []
     for i, s in enumerate(states):
-      if s is None:
-        out.append(None)
+      if s is None:   # zeros, not skipped: W_hh's gradient is zeros (as PyTorch's), not None
+        out.append(fg.zeros(N, self.hidden_size, dtype=input.dtype, device=input.device))
         continue
       if not batched: s = s.unsqueeze(0)
       if s.ndim != 2 or s.shape[0] != N:
