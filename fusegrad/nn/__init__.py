@@ -13,6 +13,7 @@ from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, ConvTranspose1
                                 KLDivLoss)
 from fusegrad.nn.transformer import (Transformer, TransformerEncoder, TransformerDecoder, TransformerEncoderLayer,
                                      TransformerDecoderLayer)
+from fusegrad.nn.rnn import RNNBase, RNN, LSTM, GRU, RNNCellBase, RNNCell, LSTMCell, GRUCell
 from fusegrad.nn import functional, init, utils  # noqa: F401
 
 
