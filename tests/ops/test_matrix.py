@@ -124,10 +124,20 @@ def test_op(rng, case: OpCase, variant: int, dtype: str, device: str):
   grad = case.grad and dtype in GRAD_TOL and len(arrays) > 0
   fgs, ths = _inputs(arrays, dtype, device, grad)
   label = f"{case.name} shapes {shapes} {dtype} on {device}"
+  want, err = None, None
   try:
     want = _ref(case, ths, dtype)
-  except Exception as e:   # noqa: BLE001 -- PyTorch refuses: fusegrad must refuse with the same type
-    with pytest.raises(type(e)):
+  except Exception as e:   # noqa: BLE001
+    err = e
+  if err is not None and grad:   # some forms (a sum into an integer dtype) refuse inputs that need a gradient
+    grad = False
+    fgs, ths = _inputs(arrays, dtype, device, False)
+    try:
+      want, err = _ref(case, ths, dtype), None
+    except Exception as e:   # noqa: BLE001
+      err = e
+  if err is not None:   # PyTorch refuses: fusegrad must refuse with the same exception type
+    with pytest.raises(type(err)):
       case.fn(fg, *fgs)
     return
   got = case.fn(fg, *fgs)
@@ -151,11 +161,15 @@ def _check_grads(case: OpCase, rng, fgs, ths, gl, wl, dtype, label) -> None:
     wt = rng.uniform(-1, 1, size=tuple(w.shape))
     floss = floss + (g * fg.tensor(wt, dtype=g.dtype, device=g.device)).sum()
     tloss = tloss + (w * torch.tensor(wt).to(w.dtype)).sum()
-  tg = torch.autograd.grad(tloss, ths, allow_unused=True)
+  try:
+    tg = torch.autograd.grad(tloss, ths, allow_unused=True)
+  except RuntimeError as e:   # PyTorch has no derivative for this op (floor_divide): nothing to compare with
+    if "not implemented" in str(e): return
+    raise
   fgr = fg.grad(floss, fgs, allow_unused=True)
   r, a = _tol(case, dtype, GRAD_TOL)
   for k, (f, t, x) in enumerate(zip(fgr, tg, ths)):
-    want = t.detach() if t is not None else torch.zeros_like(x)
+    want = t.detach() if t is not None and not t._is_zerotensor() else torch.zeros_like(x)
     got = f.numpy() if f is not None else np.zeros(tuple(x.shape))
     assert got.shape == tuple(want.shape), f"{label}: gradient {k} shape {got.shape}, torch gives {tuple(want.shape)}"
     np.testing.assert_allclose(got, want.numpy(), rtol=r, atol=a, equal_nan=True, err_msg=f"{label}, gradient {k}")
