@@ -670,7 +670,10 @@ class Tensor:
   def __neg__(self): return self.neg()
   def __pos__(self): return self
   def __abs__(self): return self.abs()
-  def __invert__(self): return self.bitwise_not()
+  def __invert__(self):
+    if self.dtype.is_float:   # PyTorch's `~` raises TypeError where its bitwise_not raises NotImplementedError
+      raise TypeError(f"~ (operator.invert) is only implemented on integer and Boolean-type tensors, not {self.dtype.name}")
+    return self.bitwise_not()
   def __eq__(self, o): return self.eq(o)      # type: ignore[override]
   def __ne__(self, o): return self.ne(o)      # type: ignore[override]
   def __lt__(self, o): return self.lt(o)
