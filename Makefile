@@ -20,7 +20,7 @@ EXTRAS   ?= opencl,test
 N        ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-base test demo bench clean
+.PHONY: venv venv-base test test-ops demo bench clean
 
 venv: $(TEST_STAMP)
 venv-base: $(BASE_STAMP)
@@ -38,6 +38,10 @@ $(TEST_STAMP): pyproject.toml | $(PY)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) tests
+
+# the whole operator matrix (tests/ops), slow cases included; `make test` runs it too
+test-ops: $(TEST_STAMP)
+	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) tests/ops
 
 demo: $(BASE_STAMP)
 	$(PY) examples/digits.py --model mlp

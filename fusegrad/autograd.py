@@ -130,12 +130,17 @@ def _alu_rule(op, inputs, out, g):
     e = (a.abs() * -2).exp()
     return (g * (4 * e / ((1 + e) * (1 + e))),)
   if op == "ERF": return (g * (2 / math.sqrt(math.pi)) * (-(a * a)).exp(),)
+  if op == "ATAN": return (g / (1 + a * a),)
+  if op == "ATAN2":   # atan2(a, b): d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2)
+    r = g / (a * a + b * b)
+    return r * b, -r * a
   if op == "RECIP": return (-g * out * out,)
   if op == "ABS": return (g * a.sign(),)
   if op in ("FLOOR", "CEIL", "RINT", "TRUNC"): return (g * 0,)
   if op == "POW":
     da = where(b == 0, 0.0, g * b * a.pow(b - 1))   # d/da a^0 is 0, also at a = 0
-    return da, where(a > 0, g * out * where(a > 0, a, 1).log(), where(a == 0, 0.0, float("nan")))
+    # d/db a^b = a^b log(a): PyTorch's 0 where a = 0 and b >= 0, else the product as it comes (0^-1 log 0 is -inf)
+    return da, where((a == 0) & (b >= 0), 0.0, g * (out * a.log()))
   if op == "MOD": return g, -g * (a / b).trunc()
   if op in ("MAX", "MIN"):
     # ties split the gradient equally, as torch.maximum/minimum do
@@ -191,7 +196,12 @@ def _reduce_rule(arg, inputs, out, g):
       eye = arange(n, device=x.device).reshape(n, 1) == arange(n, device=x.device).reshape(1, n)
       others = where(eye, 1.0, xt).prod(-1)                          # [..., n]: prod over j != i
       return (g.expand(*x.shape) * others.transpose(ax, -1).reshape(x.shape),)
-    return (g.expand(*x.shape) * out.expand(*x.shape) / x,)
+    # exact with zeros over any axes: the product of the nonzero elements, given to the only zero if there is one
+    from fusegrad.tensor import where
+    z = x == 0
+    nz = z.sum(axes, keepdim=True)
+    p = where(z, 1.0, x).prod(axes, keepdim=True)
+    return (g.expand(*x.shape) * where(nz == 0, p / x, where((nz == 1) & z, p, 0.0)),)
   raise AssertionError(op)
 
 
@@ -305,13 +315,32 @@ RULES = {
   "SOFTPLUS": lambda arg, ins, out, g: (_softplus_grad(arg, ins[0], g),),
   "RELU": lambda arg, ins, out, g: (_where(out <= 0, 0, g),),
   "COPY": lambda arg, ins, out, g: (g.to(ins[0].device),),
+  "ZERO_GRAD": lambda arg, ins, out, g: (_zeros(ins[0]),),
+  # the inverse trig/hyperbolic functions of ops_math.py (their compositions are not differentiated)
+  "ASIN": lambda arg, ins, out, g: (g / ((1 - ins[0]) * (1 + ins[0])).sqrt(),),
+  "ACOS": lambda arg, ins, out, g: (-g / ((1 - ins[0]) * (1 + ins[0])).sqrt(),),
+  "SINH": lambda arg, ins, out, g: (g * ins[0].cosh(),),
+  "COSH": lambda arg, ins, out, g: (g * ins[0].sinh(),),
+  "ASINH": lambda arg, ins, out, g: (g / (ins[0] * ins[0] + 1).sqrt(),),
+  "ACOSH": lambda arg, ins, out, g: (g / ((ins[0] - 1) * (ins[0] + 1)).sqrt(),),
+  "ATANH": lambda arg, ins, out, g: (g / ((1 - ins[0]) * (1 + ins[0])),),
+  # PyTorch's: grad / (1 + exp(other - self)) and grad / (1 + exp(self - other))
+  "LOGADDEXP": lambda arg, ins, out, g: (g / (1 + (ins[1] - ins[0]).exp()), g / (1 + (ins[0] - ins[1]).exp())),
+  "HYPOT": lambda arg, ins, out, g: (g * ins[0] / out, g * ins[1] / out),
+  # PyTorch's: d/dx is log(y), 0 where x = 0 and y <= 0; d/dy is x / y
+  "XLOGY": lambda arg, ins, out, g: (_where((ins[0] == 0) & (ins[1] <= 0), 0.0, g * ins[1].log()), g * ins[0] / ins[1]),
 }
+
+
+def _zeros(x):
+  from fusegrad.tensor import zeros_like
+  return zeros_like(x)
 
 
 # ---- what each rule reads: PyTorch's saved tensors -------------------------------------------------------
 
 _READS_OUT = {"EXP", "SQRT", "TAN", "TANH", "RECIP"}
-_READS_IN = {"LOG", "SIN", "COS", "ERF", "ABS"}
+_READS_IN = {"LOG", "SIN", "COS", "ERF", "ABS", "ATAN"}
 
 
 def _saved(kind: str, arg, ins) -> tuple:
@@ -326,13 +355,16 @@ def _saved(kind: str, arg, ins) -> tuple:
     if op == "MUL": return (1,) * a_rg + (0,) * b_rg, False
     if op in ("DIV", "MOD"): return ((0, 1) if b_rg else (1,) if a_rg else ()), False
     if op == "POW": return ((0, 1) if a_rg else (0,)), b_rg
-    if op in ("MAX", "MIN"): return (0, 1), False
+    if op in ("MAX", "MIN", "ATAN2"): return (0, 1), False
     if op == "WHERE": return (0,), False
     return (), False
   if kind == "REDUCE": return ((), False) if arg[0] == "SUM" else ((0,), True)
   if kind == "MATMUL": return (1,) * ins[0].requires_grad + (0,) * ins[1].requires_grad, False
   if kind == "GATHER": return (1,), False
   if kind in ("SIGMOID", "RELU"): return (), True
+  if kind in ("ASIN", "ACOS", "SINH", "COSH", "ASINH", "ACOSH", "ATANH"): return (0,), False
+  if kind in ("LOGADDEXP", "XLOGY"): return (0, 1), False
+  if kind == "HYPOT": return (0, 1), True
   if kind == "TAKE_ROWS": return (), False
   return (), False
 

@@ -421,7 +421,9 @@ class Tensor:
   def square(self): return self.pow(2)
   def sign(self):
     if self.dtype.is_bool: return self
-    return (self > 0)._cast(self.dtype) - (self < 0)._cast(self.dtype)   # NaN gives 0, as in PyTorch
+    out = (self > 0)._cast(self.dtype) - (self < 0)._cast(self.dtype)   # NaN gives 0, as in PyTorch
+    # differentiable with a zero gradient, as PyTorch's (a loss through sign() still has a graph)
+    return self._prim("ZERO_GRAD", None, out.node) if self.requires_grad and self.dtype.is_float else out
   def floor(self): return self if not self.dtype.is_float else self._alu("FLOOR")
   def ceil(self): return self if not self.dtype.is_float else self._alu("CEIL")
   def trunc(self): return self if not self.dtype.is_float else self._alu("TRUNC")
@@ -438,7 +440,8 @@ class Tensor:
   def isfinite(self): return (self.isnan() | self.isinf()).logical_not()
   def logical_not(self): return self._cast(dt.bool_)._alu("NOT")
   def bitwise_not(self):
-    if self.dtype.is_float: raise TypeError(f"bitwise_not is only supported for integer and boolean tensors, got {self.dtype.name}")
+    if self.dtype.is_float:   # PyTorch's exception type, as the other bitwise ops (_bitwise)
+      raise NotImplementedError(f"bitwise_not is only implemented for integer and boolean tensors, not {self.dtype.name}")
     return self._alu("NOT")
   def relu(self):
     if self.dtype.is_bool: raise RuntimeError("Boolean inputs not supported for relu")
@@ -678,7 +681,10 @@ class Tensor:
   def __neg__(self): return self.neg()
   def __pos__(self): return self
   def __abs__(self): return self.abs()
-  def __invert__(self): return self.bitwise_not()
+  def __invert__(self):
+    if self.dtype.is_float:   # PyTorch's `~` raises TypeError where its bitwise_not raises NotImplementedError
+      raise TypeError(f"~ (operator.invert) is only implemented on integer and Boolean-type tensors, not {self.dtype.name}")
+    return self.bitwise_not()
   def __eq__(self, o): return self.eq(o)      # type: ignore[override]
   def __ne__(self, o): return self.ne(o)      # type: ignore[override]
   def __lt__(self, o): return self.lt(o)
@@ -786,7 +792,9 @@ class Tensor:
     return x._reduce("PROD", dim, keepdim)
   def _check_nonempty(self, name: str, dim):
     axes = _norm_dims(dim, self.ndim)
-    if self.numel() == 0 and (dim is None or any(self.shape[a] == 0 for a in axes)):
+    if dim is not None and self.numel() == 0 and any(self.shape[a] == 0 for a in axes):
+      raise IndexError(f"{name}(): Expected reduction dim {axes[0]} to have non-zero size (shape {self.shape})")
+    if self.numel() == 0 and dim is None:
       raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0, or the reduced "
                        f"dim to be non-empty (shape {self.shape})")
   def max(self, dim=None, keepdim: bool = False):
@@ -835,15 +843,20 @@ class Tensor:
     mean, _, var = _moments(self._cast(self._float_dtype()), axes, correction)
     if keepdim: return var, mean
     return var.squeeze(axes), mean.squeeze(axes)
-  def var(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
+  # PyTorch's overloads: var(dim, unbiased, keepdim) and var(unbiased) beside var(dim, *, correction, keepdim)
+  def var(self, dim=None, *args, keepdim: bool = False, correction=None, unbiased=None):
+    dim, keepdim, unbiased = _var_args(dim, args, keepdim, unbiased)
     return self._var_mean(dim, keepdim, correction, unbiased)[0]
   @_float32_inside
-  def std(self, dim=None, keepdim: bool = False, *, correction=None, unbiased=None):
-    return _sqrt0(self.var(dim, keepdim, correction=correction, unbiased=unbiased))
-  def var_mean(self, dim=None, keepdim=False, *, correction=None, unbiased=None):
+  def std(self, dim=None, *args, keepdim: bool = False, correction=None, unbiased=None):
+    dim, keepdim, unbiased = _var_args(dim, args, keepdim, unbiased)
+    return _sqrt0(self.var(dim, keepdim=keepdim, correction=correction, unbiased=unbiased))
+  def var_mean(self, dim=None, *args, keepdim=False, correction=None, unbiased=None):
+    dim, keepdim, unbiased = _var_args(dim, args, keepdim, unbiased)
     return self._var_mean(dim, keepdim, correction, unbiased)
   @_float32_inside
-  def std_mean(self, dim=None, keepdim=False, *, correction=None, unbiased=None):
+  def std_mean(self, dim=None, *args, keepdim=False, correction=None, unbiased=None):
+    dim, keepdim, unbiased = _var_args(dim, args, keepdim, unbiased)
     v, m = self._var_mean(dim, keepdim, correction, unbiased)
     return _sqrt0(v), m
   def _arg(self, op: str, dim, keepdim: bool, name: str) -> "Tensor":
@@ -895,15 +908,18 @@ class Tensor:
         self._cast(dt.int64) if (self.dtype.is_int or self.dtype.is_bool) else self
     if self.ndim == 0: return x
     n = x.shape[d]
-    if n <= 1: return x
+    if n <= 1: return x.clone()
     # out[..., i] = sum_k xpad[..., i + k], with n-1 zeros in front: a windowed view, one kernel
     w = _windows(x.transpose(d, -1).pad((n - 1, 0)), n)
-    return w.sum(-1).transpose(d, -1)
-  def cumprod(self, dim: int):
+    return w.sum(-1, dtype=x.dtype).transpose(d, -1)   # the dtype asked for (sum would widen an integer one)
+  def cumprod(self, dim: int, dtype=None):
     d = _norm_dim(dim, self.ndim)
-    if self.ndim == 0: return self
-    n = self.shape[d]
-    x = self.transpose(d, -1)
+    x = self._cast(dt.to_dtype(dtype)) if dtype is not None else \
+        self._cast(dt.int64) if (self.dtype.is_int or self.dtype.is_bool) else self
+    if x.ndim == 0: return x
+    n = x.shape[d]
+    if n <= 1: return x.clone()   # nothing to multiply (and no window of an empty dim)
+    x = x.transpose(d, -1)
     w = _windows(x.pad((n - 1, 0), value=1), n)
     return w.prod(-1).transpose(d, -1)
 
@@ -1248,6 +1264,16 @@ def _check_sub(a, b) -> None:
   if any(isinstance(x, (bool, np.bool_)) or isinstance(x, Tensor) and x.dtype.is_bool for x in (a, b)):
     raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to "
                        "invert a mask, use the `~` or `logical_not()` operator instead.")
+
+
+def _var_args(dim, args: tuple, keepdim: bool, unbiased):
+  """var/std's positional forms, as PyTorch parses them: (unbiased), (dim, unbiased[, keepdim]); a bool keepdim
+  given as the second positional of the old (dim, keepdim) spelling is therefore `unbiased`, as there."""
+  if isinstance(dim, bool): return None, keepdim, dim
+  if len(args) > 2: raise TypeError(f"var(): too many positional arguments ({2 + len(args)})")
+  if args: unbiased = args[0]
+  if len(args) > 1: keepdim = args[1]
+  return dim, keepdim, unbiased
 
 
 def _check_softmax_dim(dim, name: str) -> None:
@@ -1910,7 +1936,7 @@ def einsum(equation: str, *operands) -> Tensor:
       if c in sizes and sizes[c] != s and s != 1 and sizes[c] != 1:
         raise RuntimeError(f"einsum(): operands do not broadcast with remapped shapes: subscript {c!r} has size "
                            f"{s} for one operand and {sizes[c]} for another")
-      sizes[c] = builtins.max(sizes.get(c, 1), s)
+      if c not in sizes or sizes[c] == 1: sizes[c] = s   # a size-1 dim broadcasts (and an empty one stays empty)
   for c in out:
     if c not in sizes: raise ValueError(f"einsum(): output subscript {c!r} does not appear in the input")
   full_ = None
@@ -1925,8 +1951,8 @@ def einsum(equation: str, *operands) -> Tensor:
         term = "".join(x for k, x in enumerate(term) if k not in (i, j)) + c
     order = [term.index(c) for c in letters if c in term]
     t = t.permute(*order)
-    shape = [sizes[c] if c in term else 1 for c in letters]
-    t = t.reshape(*shape)
+    own = iter(t.shape)
+    t = t.reshape(*[next(own) if c in term else 1 for c in letters])   # its own sizes: 1s broadcast below
     full_ = t if full_ is None else full_ * t
   red = [i for i, c in enumerate(letters) if c not in out]
   res = full_._broadcast_to(tuple(sizes[c] for c in letters))

@@ -39,9 +39,9 @@ EXPAND_RECOMPUTE_OPS = 6
 # or of columns (the row operand): past this many blocks it is stored instead
 BLOCK_RECOMPUTE = 16
 # transcendental functions cost several ALU ops (a polynomial, or a libm call)
-_OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF")}
-# ...and for the work estimate (Kernel.cost) sin/cos/tan are libm calls that do not vectorize
-_WORK_COST = {**_OP_COST, "SIN": 16, "COS": 16, "TAN": 16}
+_OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF", "ATAN", "ATAN2")}
+# ...and for the work estimate (Kernel.cost) sin/cos/tan/atan are libm calls that do not vectorize
+_WORK_COST = {**_OP_COST, "SIN": 16, "COS": 16, "TAN": 16, "ATAN": 16, "ATAN2": 16}
 
 
 class NeedsRealize(Exception):

@@ -79,6 +79,7 @@ UNARY = {
   "TAN": OpInfo("TAN", 1, _np_err(np.tan), True),
   "TANH": OpInfo("TANH", 1, _np_err(np.tanh), True),
   "ERF": OpInfo("ERF", 1, _erf, True),
+  "ATAN": OpInfo("ATAN", 1, _np_err(np.arctan), True),   # the inverse trig/hyperbolic functions compose from it
   "ABS": OpInfo("ABS", 1, np.abs),
   "FLOOR": OpInfo("FLOOR", 1, np.floor, True),
   "CEIL": OpInfo("CEIL", 1, np.ceil, True),
@@ -98,6 +99,7 @@ BINARY = {
   "MAX": OpInfo("MAX", 2, _max),
   "MIN": OpInfo("MIN", 2, np.minimum),
   "POW": OpInfo("POW", 2, _np_err(np.power), True),
+  "ATAN2": OpInfo("ATAN2", 2, _np_err(np.arctan2), True),
   "CMPLT": OpInfo("CMPLT", 2, np.less, False, True),
   "CMPLE": OpInfo("CMPLE", 2, np.less_equal, False, True),
   "CMPEQ": OpInfo("CMPEQ", 2, np.equal, False, True),

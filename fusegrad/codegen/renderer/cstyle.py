@@ -103,7 +103,7 @@ class CStyleRenderer:
               "AND": "&", "OR": "|", "XOR": "^"}
     if op in simple: return f"({a[0]}{simple[op]}{a[1]})"
     if op == "NEG": return f"(-{a[0]})" if not sd.is_bool else f"(!{a[0]})"
-    if op in ("EXP", "LOG", "SQRT", "SIN", "COS", "TAN", "TANH", "ERF", "FLOOR", "CEIL", "RINT", "TRUNC"):
+    if op in ("EXP", "LOG", "SQRT", "SIN", "COS", "TAN", "TANH", "ERF", "ATAN", "FLOOR", "CEIL", "RINT", "TRUNC"):
       return f"{f(op.lower())}({a[0]})"
     if op == "ABS": return f"{f('fabs')}({a[0]})" if fl else f"({a[0]}<0?-{a[0]}:{a[0]})"
     if op == "RECIP": return f"({self.literal(1, sd)}/{a[0]})"
@@ -116,6 +116,7 @@ class CStyleRenderer:
     if op == "MIN":
       return f"(({a[0]}<{a[1]}||{a[0]}!={a[0]})?{a[0]}:{a[1]})" if fl else f"({a[0]}<{a[1]}?{a[0]}:{a[1]})"
     if op == "POW": return f"{f('pow')}({a[0]},{a[1]})"
+    if op == "ATAN2": return f"{f('atan2')}({a[0]},{a[1]})"
     if op in ("SHL", "SHR"):
       bits = sd.itemsize * 8
       o = "<<" if op == "SHL" else ">>"
