@@ -10,6 +10,7 @@ graph behind a realized tensor can be freed.
 """
 from __future__ import annotations
 import functools
+import itertools
 import math
 import weakref
 import numpy as np
@@ -18,12 +19,18 @@ from fusegrad.graph import ops
 from fusegrad.graph.view import View, prod
 
 
+_seq = itertools.count()
+
+
 class Node:
-  __slots__ = ("op", "dtype", "src", "arg", "shape", "device", "buffer", "__weakref__")
+  # seq: creation order; a node's sources are always older, so sorting by seq is a topological order (the
+  # scheduler's structural key walks graphs in it)
+  __slots__ = ("op", "dtype", "src", "arg", "shape", "device", "buffer", "seq", "__weakref__")
 
   def __init__(self, op, dtype, src, arg, shape, device):
     self.op, self.dtype, self.src, self.arg, self.shape, self.device = op, dtype, src, arg, shape, device
     self.buffer = None
+    self.seq = next(_seq)
 
   @property
   def realized(self) -> bool: return self.buffer is not None
