@@ -11,10 +11,11 @@ Times are per step (forward, loss, backward, optimizer step, reading the loss as
 `--steps` steps per round, the contenders alternate for `--rounds` rounds, and each keeps its best round (the
 VM's speed drifts; interleaving compares them at the same moments). Ratios above 1 mean fusegrad is faster.
 
-    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|vae|mlp] [--profile gpt]
+    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|vae|mlp] [--gc-freeze] [--profile gpt]
 """
 from __future__ import annotations
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -26,6 +27,9 @@ ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--steps", type=int, default=30, help="steps per round per contender")
 ap.add_argument("--rounds", type=int, default=5)
 ap.add_argument("--only", default=None, help="run the cases whose key (gpt, vae, mlp) contains this")
+ap.add_argument("--gc-freeze", action="store_true",
+                help="gc.freeze() after the warm-up (the long-lived objects of torch, numpy and the models leave the "
+                     "collector's full passes; a diagnostic of what Python's garbage collector costs each library)")
 ap.add_argument("--profile", default=None, help="cProfile fusegrad's eager step of this case instead of timing")
 ARGS = ap.parse_args() if __name__ == "__main__" else ap.parse_args([])
 
@@ -37,6 +41,7 @@ import fusegrad as fg  # noqa: E402
 import torch  # noqa: E402
 from nanogpt_model import GPTConfig, build  # noqa: E402
 from fusegrad.engine import realize as fg_realize  # noqa: E402
+NO_REPLAY = getattr(fg_realize, "no_replay", contextlib.nullcontext)   # (a fusegrad before the replay: the same path)
 
 
 def load(ours, theirs) -> None:
@@ -69,7 +74,7 @@ def contenders(build_case, rng):
     if name == "jit": upd = fg.jit(upd)
     if name == "noreplay":
       def step(i, upd=upd):
-        with fg_realize.no_replay(): return upd(*fg_batches[i % len(fg_batches)]).item()
+        with NO_REPLAY(): return upd(*fg_batches[i % len(fg_batches)]).item()
     else:
       def step(i, upd=upd): return upd(*fg_batches[i % len(fg_batches)]).item()
     steps[name] = step
@@ -166,6 +171,10 @@ def measure(steps: dict, n: int, rounds: int) -> tuple[dict, dict]:
   """Seconds per step of each contender: the best of `rounds` interleaved rounds of n steps; and the last losses."""
   for i in range(4):   # warm-up: compiles, fills caches, captures
     for step in steps.values(): step(i)
+  if ARGS.gc_freeze:
+    import gc
+    gc.collect()
+    gc.freeze()
   best = {k: float("inf") for k in steps}
   loss, done = {}, 4
   for _ in range(rounds):
@@ -206,7 +215,7 @@ def main() -> None:
     return
   commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
   print(f"# bench_eager: {machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads), fusegrad {commit}, "
-        f"{ARGS.rounds} rounds x {ARGS.steps} steps, {datetime.datetime.now():%Y-%m-%d %H:%M}")
+        f"{ARGS.rounds} rounds x {ARGS.steps} steps{', gc.freeze()' if ARGS.gc_freeze else ''}, {datetime.datetime.now():%Y-%m-%d %H:%M}")
   print("| case | torch ms | fusegrad eager ms | eager, no replay ms | fusegrad.jit ms | eager vs torch | "
         "no replay vs torch | jit vs torch | eager / jit time | loss torch / eager / jit |")
   print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
