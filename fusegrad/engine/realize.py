@@ -92,7 +92,7 @@ def _set_result(n: Node, buf) -> None:
 
 
 class Plan:
-  """A cached schedule made ready to replay: per item its device, compiled program (None: nothing to launch),
+  """A cached schedule made ready to replay: per item its device, kernel (None: nothing to launch),
   the outputs to allocate (walk position, elements, dtype) and its inputs, each a walk position (a node realized
   before this realize) or ~i (the i-th buffer this plan allocates, made by an earlier item)."""
   __slots__ = ("steps",)
@@ -100,39 +100,42 @@ class Plan:
   def __init__(self, entries: list, compiled: list, nodes: list[Node]):
     made: dict[int, int] = {}
     self.steps = []
-    for (kind, outs, ins, _k, _why), (dev, c) in zip(entries, compiled):
+    for (kind, outs, ins, k, _why), (dev, c) in zip(entries, compiled):
       refs = tuple(~made[i] if i in made else i for i in ins)
       specs = []
       for i in outs:
         made[i] = len(made)
         specs.append((i, nodes[i].numel, nodes[i].dtype))
-      self.steps.append((dev, None if c is None else (c.program, c.kernel), tuple(specs), refs))
+      # the schedule's kernel, not its compiled program: each run asks the device (a dictionary hit), so the
+      # device's LRU of programs stays the one bound on compiled code, and an evicted program is compiled again
+      self.steps.append((dev, None if c is None else k, tuple(specs), refs))
 
   def run(self, nodes: list[Node]) -> None:
     made: list = []
     batch: list = []
     bdev = None
     new = rd.Buffer
-    for dev, prog, outs, refs in self.steps:
+    for dev, k, outs, refs in self.steps:
       bufs = [new(dev, size, dtype) for _i, size, dtype in outs]
       made.extend(bufs)
-      if prog is None: continue
+      if k is None: continue
+      c = dev.compiled(k)
       handles = [b.handle for b in bufs]
       handles += [(made[~i] if i < 0 else nodes[i].buffer).handle for i in refs]
       if dev is not bdev:
         if batch: bdev.launch_batch(batch)
         batch, bdev = [], dev
-      batch.append((prog[0], prog[1], handles))
+      batch.append((c.program, c.kernel, handles))
     if batch: bdev.launch_batch(batch)
     sched.stats["replays"] += 1
     with sched.lock:
-      k = 0
+      j = 0
       for _dev, _prog, outs, _refs in self.steps:
         for i, _size, _dtype in outs:
           n = nodes[i]
-          if n.buffer is None: n.buffer = made[k]
+          if n.buffer is None: n.buffer = made[j]
           n.src = ()
-          k += 1
+          j += 1
 
 
 def launch(dev, program, k, src: str, handles: list) -> None:
