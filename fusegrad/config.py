@@ -23,4 +23,5 @@ MAX_CACHE_ENTRY_BYTES = 64 << 20                        # larger cache entries a
 CC = os.environ.get("FUSEGRAD_CC", "")                  # C compiler for the CPU device (default: clang, gcc, cc)
 THREADS = _int("FUSEGRAD_THREADS", 0)                   # CPU worker threads (0: one per core)
 MAX_PROGRAMS = _int("FUSEGRAD_MAX_PROGRAMS", 2048)      # compiled programs kept in memory per device (LRU)
+EAGER_REPLAY = bool(_int("FUSEGRAD_EAGER_REPLAY", 1))  # 0: realize schedules step by step (no replay of cached plans)
 FUZZ_EXAMPLES = _int("FUSEGRAD_FUZZ_EXAMPLES", 0)       # tests/fuzz: examples per device (0: the quick default)

@@ -9,7 +9,9 @@ import builtins
 import numpy as np
 
 
-@dataclass(frozen=True, eq=True)
+# eq=False: each dtype is one object (below), so == and hash are identity, in C: they run for every graph node built
+# and every structural cache key; copies and unpickling hand back the same object (__reduce__)
+@dataclass(frozen=True, eq=False)
 class DType:
   name: str
   itemsize: int
@@ -18,6 +20,7 @@ class DType:
   priority: int          # position in the promotion lattice inside a category
 
   def __repr__(self) -> str: return f"fusegrad.{self.name}"
+  def __reduce__(self): return "bool_" if self.name == "bool" else self.name
   @property
   def is_float(self) -> bool: return self.category == 3
   @property

@@ -362,6 +362,17 @@ class Tensor:
 
   def _alu(self, op: str, *others, dtype: DType | None = None, out: DType | None = None) -> "Tensor":
     """Apply a primitive op with PyTorch's promotion and broadcasting; `dtype` forces the compute dtype."""
+    if dtype is None and out is None and len(others) == 1:
+      # the common cases without the general machinery: two tensors of one dtype, shape and device, or a float
+      # tensor and a Python number (a constant of the tensor's dtype and shape)
+      o, n = others[0], self.node
+      if type(o) is Tensor:
+        on = o.node
+        if on.dtype is n.dtype and on.shape == n.shape and on.device == n.device:
+          return self._prim("ALU", op, gn.alu(op, n, on), self, o)
+      elif (type(o) is builtins.float or type(o) is builtins.int) and n.dtype.is_float:
+        c = Tensor(_node=gn.const(o, n.dtype, n.shape, n.device))
+        return self._prim("ALU", op, gn.alu(op, n, c.node), self, c)
     d = dtype or _result_type(self, *others)
     ts = [self._cast(d)] + [self._operand(o, d) for o in others]
     shape = broadcast_shapes(*[t.shape for t in ts])

@@ -3,24 +3,57 @@
 Several threads may realize at once, the same nodes too: scheduling and setting a node's result hold
 schedule.lock (so a schedule sees the graph in one state), compiling and launching do not. A node two
 threads compute at once is computed twice; the first result stored is kept (the values are equal).
+
+Eager steps repeat: a training loop builds a graph of the same structure every iteration (same ops, shapes,
+dtypes, constants, views, and the same inputs realized — only the buffers differ). The schedule cache finds
+such a graph by its structure; the first run of a cached schedule also records a `Plan` (each kernel's compiled
+program and where its buffers come from), and every later realize of that structure replays the plan: fresh
+output buffers, the kernels launched in device batches as fusegrad.jit's replay does, the results stored on the
+nodes. Whatever differs (a shape, a constant, an input realized or not) is a different structure, scheduled
+afresh. The slow path still runs while a jit capture records or a tracker times kernels.
 """
 from __future__ import annotations
+import contextlib
 import time
+from fusegrad import config
 from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.runtime import device as rd
 from fusegrad.schedule import schedule as sched
-from fusegrad.schedule.schedule import create_schedule
 from fusegrad.engine import track, jit
+
+# replay cached schedules' plans (FUSEGRAD_EAGER_REPLAY=0 turns it off; `no_replay()` for a block)
+REPLAY = config.EAGER_REPLAY
+
+
+@contextlib.contextmanager
+def no_replay():
+  """Realize through the step-by-step path inside the block (benchmarks and tests compare the two)."""
+  global REPLAY
+  old, REPLAY = REPLAY, False
+  try:
+    yield
+  finally:
+    REPLAY = old
 
 
 def realize(*nodes: Node) -> None:
-  for item in create_schedule(list(nodes)):
+  fast = REPLAY and jit.recorder() is None and not track.wants_timing()
+  with sched.lock:
+    items, entry, walked = sched.schedule(list(nodes))
+    plan = entry.plan if entry is not None else None
+    if items is None and not fast: items = entry.items(walked)
+  if items is None:
+    plan.run(walked)
+    return
+  compiled = []
+  for item in items:
     out = item.outputs[0]
     dev = rd.get(out.device)
     if item.kind == "KERNEL":
-      _run_kernel(item, dev)
+      compiled.append((dev, _run_kernel(item, dev)))
       continue
+    compiled.append((dev, None))
     if item.kind == "EMPTY":
       buf = rd.Buffer(dev, 0, out.dtype)
     elif item.kind == "COPY":
@@ -30,20 +63,25 @@ def realize(*nodes: Node) -> None:
       track.record_copy()
       if (rec := jit.recorder()) is not None: rec.copy(src, buf)
     _set_result(out, buf)
+  if entry is not None and plan is None and all(it.kind != "COPY" for it in items):
+    with sched.lock:
+      if entry.plan is None: entry.plan = Plan(entry.entries, compiled, walked)
 
 
-def _run_kernel(item, dev) -> None:
+def _run_kernel(item, dev):
   k = item.kernel
   for b in k.bufs:
     if b.dtype not in dev.supported:
       raise RuntimeError(f"device {dev.name} cannot run dtype {b.dtype.name}")
   bufs = [rd.Buffer(dev, o.numel, o.dtype) for o in item.outputs]
+  c = None
   if item.outputs[0].numel:
     c = dev.compiled(k)
     everything = bufs + [i.buffer for i in item.inputs]
     launch(dev, c.program, c.kernel, c.source, [b.handle for b in everything])
     if (rec := jit.recorder()) is not None: rec.kernel(dev, c.program, c.kernel, c.source, everything, len(bufs))
   for o, b in zip(item.outputs, bufs): _set_result(o, b)
+  return c
 
 
 def _set_result(n: Node, buf) -> None:
@@ -51,6 +89,53 @@ def _set_result(n: Node, buf) -> None:
   with sched.lock:
     if n.buffer is None: n.buffer = buf
     gn.forget(n)
+
+
+class Plan:
+  """A cached schedule made ready to replay: per item its device, kernel (None: nothing to launch),
+  the outputs to allocate (walk position, elements, dtype) and its inputs, each a walk position (a node realized
+  before this realize) or ~i (the i-th buffer this plan allocates, made by an earlier item)."""
+  __slots__ = ("steps",)
+
+  def __init__(self, entries: list, compiled: list, nodes: list[Node]):
+    made: dict[int, int] = {}
+    self.steps = []
+    for (kind, outs, ins, k, _why), (dev, c) in zip(entries, compiled):
+      refs = tuple(~made[i] if i in made else i for i in ins)
+      specs = []
+      for i in outs:
+        made[i] = len(made)
+        specs.append((i, nodes[i].numel, nodes[i].dtype))
+      # the schedule's kernel, not its compiled program: each run asks the device (a dictionary hit), so the
+      # device's LRU of programs stays the one bound on compiled code, and an evicted program is compiled again
+      self.steps.append((dev, None if c is None else k, tuple(specs), refs))
+
+  def run(self, nodes: list[Node]) -> None:
+    made: list = []
+    batch: list = []
+    bdev = None
+    new = rd.Buffer
+    for dev, k, outs, refs in self.steps:
+      bufs = [new(dev, size, dtype) for _i, size, dtype in outs]
+      made.extend(bufs)
+      if k is None: continue
+      c = dev.compiled(k)
+      handles = [b.handle for b in bufs]
+      handles += [(made[~i] if i < 0 else nodes[i].buffer).handle for i in refs]
+      if dev is not bdev:
+        if batch: bdev.launch_batch(batch)
+        batch, bdev = [], dev
+      batch.append((c.program, c.kernel, handles))
+    if batch: bdev.launch_batch(batch)
+    sched.stats["replays"] += 1
+    with sched.lock:
+      j = 0
+      for _dev, _prog, outs, _refs in self.steps:
+        for i, _size, _dtype in outs:
+          n = nodes[i]
+          if n.buffer is None: n.buffer = made[j]
+          n.src = ()
+          j += 1
 
 
 def launch(dev, program, k, src: str, handles: list) -> None:

@@ -10,6 +10,7 @@ graph behind a realized tensor can be freed.
 """
 from __future__ import annotations
 import functools
+import itertools
 import math
 import weakref
 import numpy as np
@@ -18,12 +19,18 @@ from fusegrad.graph import ops
 from fusegrad.graph.view import View, prod
 
 
+_seq = itertools.count()
+
+
 class Node:
-  __slots__ = ("op", "dtype", "src", "arg", "shape", "device", "buffer", "__weakref__")
+  # seq: creation order; a node's sources are always older, so sorting by seq is a topological order (the
+  # scheduler's structural key walks graphs in it)
+  __slots__ = ("op", "dtype", "src", "arg", "shape", "device", "buffer", "seq", "__weakref__")
 
   def __init__(self, op, dtype, src, arg, shape, device):
     self.op, self.dtype, self.src, self.arg, self.shape, self.device = op, dtype, src, arg, shape, device
     self.buffer = None
+    self.seq = next(_seq)
 
   @property
   def realized(self) -> bool: return self.buffer is not None
@@ -47,21 +54,36 @@ class Node:
     return out
 
 
-_cache: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
-
-
-def _key_arg(arg):
-  if isinstance(arg, float) and math.isnan(arg): return ("nan",)
-  return arg
+# key -> weak reference to the node. A plain dict of weakref.ref (C calls only) rather than a WeakValueDictionary,
+# whose Python-level get/set cost more than the rest of building a node; dead entries are swept when the dict has
+# doubled since the last sweep. An entry whose node died or was realized is a miss, as is one lost to a sweep
+# racing another thread's insert (two equal nodes then: common subexpressions are shared a little less, values
+# are the same).
+_cache: "dict[tuple, weakref.ref]" = {}
+_sweep_at = [1 << 14]
 
 
 def make(op, dtype, src, arg, shape, device) -> Node:
-  key = (op, dtype, tuple(id(s) for s in src), _key_arg(arg) if op != "CONST" else (type(arg), arg), shape, device)
-  n = _cache.get(key)
-  if n is None or n.realized:
-    n = Node(op, dtype, tuple(src), arg, tuple(shape), device)
-    _cache[key] = n
+  a = arg
+  if op == "CONST":   # 1 and True, 0.0 and -0.0 are equal keys but different constants
+    a = (type(arg), arg) if arg or type(arg) is not float else (float, arg, math.copysign(1.0, arg))
+  elif type(arg) is float and arg != arg: a = ("nan",)
+  key = (op, dtype, tuple(map(id, src)), a, shape, device)
+  r = _cache.get(key)
+  if r is not None:
+    n = r()
+    if n is not None and n.buffer is None: return n
+  n = Node(op, dtype, tuple(src), arg, tuple(shape), device)
+  _cache[key] = weakref.ref(n)
+  if len(_cache) > _sweep_at[0]: _sweep()
   return n
+
+
+def _sweep() -> None:
+  global _cache
+  live = {k: r for k, r in list(_cache.items()) if (n := r()) is not None and n.buffer is None}
+  _cache = live
+  _sweep_at[0] = max(1 << 14, 2 * len(live))
 
 
 def forget(n: Node) -> None:

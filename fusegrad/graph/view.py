@@ -30,6 +30,11 @@ class View:
   offset: int = 0
   mask: tuple | None = None   # per dim (lo, hi): valid iff lo <= i < hi
 
+  def __post_init__(self):   # hashed for every view node built and every structural cache key: once
+    object.__setattr__(self, "_hash", hash((self.shape, self.strides, self.offset, self.mask)))
+
+  def __hash__(self) -> int: return self._hash
+
   @staticmethod
   def contiguous(shape) -> "View":
     return View(tuple(shape), contiguous_strides(shape), 0, None)

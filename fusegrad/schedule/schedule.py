@@ -8,6 +8,7 @@ chains, views, reductions and what follows them — is inlined into the kernel t
 from __future__ import annotations
 import heapq
 import math
+import operator
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -44,7 +45,44 @@ def _needs_kernel(n: Node) -> bool:
 
 
 def _arg_key(arg):
-  return ("nan",) if isinstance(arg, float) and math.isnan(arg) else (type(arg), arg) if isinstance(arg, (bool, int, float)) else arg
+  if isinstance(arg, float):
+    if arg != arg: return ("nan",)
+    if arg == 0.0 and math.copysign(1.0, arg) < 0: return ("-0.0",)   # equal to 0.0, yet 1/x tells them apart
+    return (float, arg)
+  return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
+
+
+def _structure(roots: list[Node]) -> tuple[tuple, list[Node]]:
+  """The whole graph behind roots as a flat hashable record (what a schedule depends on: each node's op, dtype,
+  shape, device, argument and sources; a realized node is an input slot), and its nodes in creation order (a
+  topological order: sources are older). It runs on every realize, a cache hit included, so it is one lean walk;
+  equal records mean isomorphic graphs whatever order produced them, so the order only decides hits, never
+  correctness."""
+  seen: dict[int, Node] = {}
+  stack = list(roots)
+  while stack:
+    n = stack.pop()
+    if id(n) in seen: continue
+    seen[id(n)] = n
+    if n.buffer is None: stack.extend(n.src)
+  nodes = sorted(seen.values(), key=_by_seq)
+  index = {id(n): i for i, n in enumerate(nodes)}
+  flat: list = []
+  push = flat.append
+  for n in nodes:
+    if n.buffer is not None:
+      push("IN"); push(n.dtype); push(n.shape); push(n.device)
+      continue
+    a, src = n.arg, n.src
+    push(n.op); push(n.dtype); push(n.shape); push(n.device)
+    push(a if a is None or not isinstance(a, (bool, int, float)) else _arg_key(a))
+    push(len(src))
+    for x in src: push(index[id(x)])
+  for r in roots: push(index[id(r)])
+  return tuple(flat), nodes
+
+
+_by_seq = operator.attrgetter("seq")
 
 
 def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[Node]]:
@@ -76,7 +114,7 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
 
 
 # work counters, read by tests that bound how much scheduling a graph costs (never by the scheduler itself)
-stats = {"lower_calls": 0, "nodes_walked": 0}
+stats = {"lower_calls": 0, "nodes_walked": 0, "schedule_hits": 0, "schedule_misses": 0, "replays": 0}
 
 
 def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
@@ -106,33 +144,50 @@ def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
 # whole schedules by the structure of the graph behind the roots: a training step rebuilds the same
 # graph every iteration, and its cuts, kernels and buffer wiring are decided once
 SCHEDULE_CACHE_SIZE = 256
-_schedule_cache: "OrderedDict[tuple, list]" = OrderedDict()
+_schedule_cache: "OrderedDict[tuple, CachedSchedule]" = OrderedDict()
+
+
+class CachedSchedule:
+  """A schedule stored by structure: each item as positions in the signature walk's node list, and the plan that
+  engine/realize.py builds on its first run (the compiled kernels and their buffer wiring, replayed from then on)."""
+  __slots__ = ("entries", "plan")
+
+  def __init__(self, entries: list):
+    self.entries, self.plan = entries, None
+
+  def items(self, nodes: list[Node]) -> list[ScheduleItem]:
+    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why)
+            for kind, outs, ins, k, why in self.entries]
 
 
 def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
-  with lock: return _cached_schedule(roots)
+  with lock: return schedule(roots)[0]
 
 
-def _cached_schedule(roots: list[Node]) -> list[ScheduleItem]:
+def schedule(roots: list[Node]) -> tuple[list[ScheduleItem] | None, CachedSchedule | None, list[Node]]:
+  """(items, the cache entry or None, the signature walk's nodes), under `lock`. On a cache hit whose entry has a
+  plan, items is None: the caller replays the plan on the nodes (CachedSchedule.items builds them if it must)."""
   roots = [r for r in roots if _needs_kernel(r)]
-  if not roots: return []
-  key, _, nodes = _signature(roots, lambda n: False)
+  if not roots: return [], None, []
+  key, nodes = _structure(roots)
   hit = _schedule_cache.get(key)
   if hit is not None:
+    stats["schedule_hits"] += 1
     _schedule_cache.move_to_end(key)
-    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why)
-            for kind, outs, ins, k, why in hit]
+    return (None if hit.plan is not None else hit.items(nodes)), hit, nodes
+  stats["schedule_misses"] += 1
   items = _create_schedule(roots)
   if config.DEBUG >= 3:
     for it in items: print(f"schedule: {it.kind.lower()} {it.outputs[0].op} {list(it.outputs[0].shape)}: {it.why}")
   pos = {id(n): i for i, n in enumerate(nodes)}
   try:
-    _schedule_cache[key] = [(it.kind, tuple(pos[id(o)] for o in it.outputs), tuple(pos[id(x)] for x in it.inputs),
-                             it.kernel, it.why) for it in items]
+    entry = CachedSchedule([(it.kind, tuple(pos[id(o)] for o in it.outputs), tuple(pos[id(x)] for x in it.inputs),
+                             it.kernel, it.why) for it in items])
   except KeyError:    # an item refers to a node outside the walked graph: do not cache this one
-    return items
+    return items, None, nodes
+  _schedule_cache[key] = entry
   if len(_schedule_cache) > SCHEDULE_CACHE_SIZE: _schedule_cache.popitem(last=False)
-  return items
+  return items, entry, nodes
 
 
 def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:

@@ -1,0 +1,232 @@
+"""Eager training steps of small models: fusegrad eager vs fusegrad.jit vs PyTorch eager, in one process.
+
+Issue 10: a small model's eager step is dominated by Python (building the graph, scheduling, launching), not by
+its kernels. The same step code runs for every contender (the libraries share the API): a nanoGPT (the faithful
+copy in tests/nanogpt_model.py, 2 layers, d 32), a VAE 784-400-20 (the PyTorch example's model and loss) and an
+MLP. "fusegrad eager" is the plain Python step, as a user writes it (its graphs' schedules are reused by
+structure and replayed automatically, engine/realize.py); "eager, no replay" turns the automatic replay off
+(`realize.no_replay()`, FUSEGRAD_EAGER_REPLAY=0) to show what it buys; "fusegrad.jit" captures the step explicitly.
+
+Times are per step (forward, loss, backward, optimizer step, reading the loss as a float): each contender runs
+`--steps` steps per round, the contenders alternate for `--rounds` rounds, and each keeps its best round (the
+VM's speed drifts; interleaving compares them at the same moments). Ratios above 1 mean fusegrad is faster.
+
+    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|vae|mlp] [--gc-freeze] [--profile gpt]
+"""
+from __future__ import annotations
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("--steps", type=int, default=30, help="steps per round per contender")
+ap.add_argument("--rounds", type=int, default=5)
+ap.add_argument("--only", default=None, help="run the cases whose key (gpt, vae, mlp) contains this")
+ap.add_argument("--gc-freeze", action="store_true",
+                help="gc.freeze() after the warm-up (the long-lived objects of torch, numpy and the models leave the "
+                     "collector's full passes; a diagnostic of what Python's garbage collector costs each library)")
+ap.add_argument("--profile", default=None, help="cProfile fusegrad's eager step of this case instead of timing")
+ARGS = ap.parse_args() if __name__ == "__main__" else ap.parse_args([])
+
+import numpy as np  # noqa: E402
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import fusegrad as fg  # noqa: E402
+import torch  # noqa: E402
+from nanogpt_model import GPTConfig, build  # noqa: E402
+from fusegrad.engine import realize as fg_realize  # noqa: E402
+NO_REPLAY = getattr(fg_realize, "no_replay", contextlib.nullcontext)   # (a fusegrad before the replay: the same path)
+
+
+def load(ours, theirs) -> None:
+  """Give the fusegrad model the torch model's weights."""
+  ours.load_state_dict({k: fg.tensor(v.detach().numpy()) for k, v in theirs.state_dict().items()})
+
+
+def make_step(lib, model, opt, loss_fn, batches):
+  """One training step, written once for both libraries."""
+  def update(*xs):
+    loss = loss_fn(model, *xs)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+  return update
+
+
+def contenders(build_case, rng):
+  """(torch step, fusegrad step factory): every fusegrad contender gets its own copy of the same weights."""
+  th_model, th_opt, th_loss, batches, fg_model_opt, fg_loss = build_case(rng)
+  th_batches = [tuple(torch.tensor(a) for a in b) for b in batches]
+  fg_batches = [tuple(fg.tensor(a) for a in b) for b in batches]
+  th_update = make_step(torch, th_model, th_opt, th_loss, th_batches)
+  steps = {"torch": lambda i: th_update(*th_batches[i % len(th_batches)]).item()}
+  for name in ("eager", "noreplay", "jit"):
+    m, o = fg_model_opt()
+    load(m, th_model)
+    upd = make_step(fg, m, o, fg_loss, fg_batches)
+    if name == "jit": upd = fg.jit(upd)
+    if name == "noreplay":
+      def step(i, upd=upd):
+        with NO_REPLAY(): return upd(*fg_batches[i % len(fg_batches)]).item()
+    else:
+      def step(i, upd=upd): return upd(*fg_batches[i % len(fg_batches)]).item()
+    steps[name] = step
+  return steps
+
+
+# ---- the cases -----------------------------------------------------------------------------------------------
+
+def gpt_case(rng):
+  cfg = dict(block_size=32, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+  B, T = 8, 32
+  torch.manual_seed(0)
+  th_model = build(torch)(GPTConfig(**cfg))
+  th_opt = th_model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+  batches = [(rng.integers(0, 65, (B, T)), rng.integers(0, 65, (B, T))) for _ in range(4)]
+  def fg_model_opt():
+    m = build(fg)(GPTConfig(**cfg))
+    return m, m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+  loss = lambda model, x, y: model(x, y)[1]
+  return th_model, th_opt, loss, batches, fg_model_opt, loss
+
+
+def vae_loss(lib):
+  F = lib.nn.functional
+  def loss(model, x):
+    recon, mu, logvar = model(x)
+    bce = F.binary_cross_entropy(recon, x.view(-1, 784), reduction="sum")
+    return bce - 0.5 * lib.sum(1 + logvar - mu.pow(2) - logvar.exp())
+  return loss
+
+
+def vae_class(lib):
+  nn, F = lib.nn, lib.nn.functional
+  class VAE(nn.Module):   # pytorch/examples vae/main.py
+    def __init__(self):
+      super().__init__()
+      self.fc1 = nn.Linear(784, 400)
+      self.fc21 = nn.Linear(400, 20)
+      self.fc22 = nn.Linear(400, 20)
+      self.fc3 = nn.Linear(20, 400)
+      self.fc4 = nn.Linear(400, 784)
+    def encode(self, x):
+      h1 = F.relu(self.fc1(x))
+      return self.fc21(h1), self.fc22(h1)
+    def reparameterize(self, mu, logvar):
+      std = lib.exp(0.5 * logvar)
+      eps = lib.randn_like(std)
+      return mu + eps * std
+    def decode(self, z):
+      h3 = F.relu(self.fc3(z))
+      return lib.sigmoid(self.fc4(h3))
+    def forward(self, x):
+      mu, logvar = self.encode(x.view(-1, 784))
+      z = self.reparameterize(mu, logvar)
+      return self.decode(z), mu, logvar
+  return VAE
+
+
+def vae_case(rng):
+  torch.manual_seed(0)
+  th_model = vae_class(torch)()
+  batches = [(rng.random((32, 784), dtype=np.float32),) for _ in range(4)]
+  def fg_model_opt():
+    m = vae_class(fg)()
+    return m, fg.optim.Adam(m.parameters(), lr=1e-3)
+  return th_model, torch.optim.Adam(th_model.parameters(), lr=1e-3), vae_loss(torch), batches, fg_model_opt, vae_loss(fg)
+
+
+def mlp_class(lib):
+  nn = lib.nn
+  return lambda: nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def mlp_case(rng):
+  torch.manual_seed(0)
+  th_model = mlp_class(torch)()
+  batches = [(rng.standard_normal((32, 64), dtype=np.float32), rng.integers(0, 10, 32)) for _ in range(4)]
+  def fg_model_opt():
+    m = mlp_class(fg)()
+    return m, fg.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+  ce = lambda lib: (lambda model, x, y: lib.nn.functional.cross_entropy(model(x), y))
+  return (th_model, torch.optim.SGD(th_model.parameters(), lr=0.01, momentum=0.9), ce(torch), batches,
+          fg_model_opt, ce(fg))
+
+
+CASES = {
+  "gpt": ("nanoGPT L2 d32 H2 T32 V65, batch 8, AdamW", gpt_case),
+  "vae": ("VAE 784-400-20, batch 32, Adam", vae_case),
+  "mlp": ("MLP 64-128-128-10, batch 32, SGD momentum", mlp_case),
+}
+
+
+def measure(steps: dict, n: int, rounds: int) -> tuple[dict, dict]:
+  """Seconds per step of each contender: the best of `rounds` interleaved rounds of n steps; and the last losses."""
+  for i in range(4):   # warm-up: compiles, fills caches, captures
+    for step in steps.values(): step(i)
+  if ARGS.gc_freeze:
+    import gc
+    gc.collect()
+    gc.freeze()
+  best = {k: float("inf") for k in steps}
+  loss, done = {}, 4
+  for _ in range(rounds):
+    for k, step in steps.items():
+      t0 = time.perf_counter()
+      for i in range(n): loss[k] = step(done + i)
+      best[k] = min(best[k], (time.perf_counter() - t0) / n)
+    done += n
+  return best, loss
+
+
+def machine() -> str:
+  model = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      info = f.read()
+    model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+    flags = next(line for line in info.splitlines() if line.startswith("flags")).split()
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
+  except (OSError, StopIteration):
+    isa = "?"
+  return f"{model} ({isa}), {os.cpu_count()} cpus"
+
+
+def main() -> None:
+  rng = np.random.default_rng(0)
+  fg.manual_seed(0)
+  if ARGS.profile:
+    import cProfile
+    import pstats
+    steps = contenders(CASES[ARGS.profile][1], rng)
+    for i in range(5): steps["eager"](i)
+    pr = cProfile.Profile()
+    pr.enable()
+    for i in range(20): steps["eager"](i)
+    pr.disable()
+    pstats.Stats(pr).sort_stats(os.environ.get("SORT","tottime")).print_stats(int(os.environ.get("NPR","30")))
+    return
+  commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+  print(f"# bench_eager: {machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads), fusegrad {commit}, "
+        f"{ARGS.rounds} rounds x {ARGS.steps} steps{', gc.freeze()' if ARGS.gc_freeze else ''}, {datetime.datetime.now():%Y-%m-%d %H:%M}")
+  print("| case | torch ms | fusegrad eager ms | eager, no replay ms | fusegrad.jit ms | eager vs torch | "
+        "no replay vs torch | jit vs torch | eager / jit time | loss torch / eager / jit |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+  for key, (name, case) in CASES.items():
+    if ARGS.only and ARGS.only not in key: continue
+    t, loss = measure(contenders(case, rng), ARGS.steps, ARGS.rounds)
+    ms = {k: v * 1e3 for k, v in t.items()}
+    print(f"| {name} | {ms['torch']:.2f} | {ms['eager']:.2f} | {ms['noreplay']:.2f} | {ms['jit']:.2f} | "
+          f"{t['torch'] / t['eager']:.2f}x | {t['torch'] / t['noreplay']:.2f}x | {t['torch'] / t['jit']:.2f}x | "
+          f"{t['eager'] / t['jit']:.2f} | {loss['torch']:.4f} / {loss['eager']:.4f} / {loss['jit']:.4f} |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
