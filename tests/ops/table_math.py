@@ -169,7 +169,7 @@ add("sqrt_zero", lambda L, x: x.sqrt(), U[:1], F32_64, gen=_pos_zeros)
 
 # ---- where, clamp, lerp -------------------------------------------------------------------------------------
 add("where", lambda L, c, a, b: L.where(c > 0, a, b), T3, F32 + ("int32",), fast=True)
-add("where_scalars", lambda L, c, a: (L.where(c > 0, a, 0.0), L.where(c > 0, 1.5, a), L.where(c > 0, 1.0, 0.0),
+add("where_tensor_scalars", lambda L, c, a: (L.where(c > 0, a, 0.0), L.where(c > 0, 1.5, a), L.where(c > 0, 1.0, 0.0),
                                       L.where(c > 0, 2, -1)), B[:3], F32 + ("int32",), fast=True)
 add("where_method", lambda L, c, a: a.where(c > 0, -a), B[:2], F32)
 add("where_bool_cond_int", lambda L, c, a: L.where(c > 0, a, 7), B[:2], ("int8", "uint8"))
@@ -326,7 +326,7 @@ add("trace_diag", lambda L, x: (L.trace(x), L.diag(x), L.diag(x, 1), L.diag(x, -
     (((3, 4),), ((4, 4),), ((0, 3),)), F32 + ("int32",), fast=True)
 add("diagonal_batched", lambda L, x: (x.diagonal(0, 1, 2), L.diagonal(x, 1, -2, -1), L.diagonal(x, -1, 0, 2)),
     (((2, 3, 4),),), F32)
-add("tril_triu", lambda L, x: (L.tril(x), L.triu(x, 1), x.tril(-1), x.triu(-2)), (((4, 5),), ((2, 3, 3),)), F32)
+add("tril_triu_functions", lambda L, x: (L.tril(x), L.triu(x, 1), x.tril(-1), x.triu(-2)), (((4, 5),), ((2, 3, 3),)), F32)
 add("linalg_vector_norm", lambda L, x: (L.linalg.vector_norm(x), L.linalg.vector_norm(x, 1, -1), L.linalg.vector_norm(x, 3, (0, 1), True),
                                         L.linalg.vector_norm(x, float("inf")), L.linalg.vector_norm(x, float("-inf"), 0),
                                         L.linalg.vector_norm(x, 0), L.linalg.vector_norm(x, 0.5, dtype=L.float64)),
@@ -352,7 +352,7 @@ add("linalg_cholesky", lambda L, x: (L.linalg.cholesky(x), L.cholesky(x), L.lina
 # cases per family, chosen so that it stays well under a minute on two cores with a warm kernel cache
 FAST = {"exp", "asin", "atanh", "acosh_specials", "exp_int", "isnan", "bitwise_not", "add", "mul", "div", "atan2",
         "atan2_specials", "copysign", "logaddexp", "bool_arith", "mixed_dtypes", "pow_0.5", "pow_tensor_zeros", "where",
-        "where_scalars", "clamp", "lerp", "isclose", "allclose", "sum_dim", "mean_axis", "logsumexp_dim",
+        "where_tensor_scalars", "clamp", "lerp", "isclose", "allclose", "sum_dim", "mean_axis", "logsumexp_dim",
         "var_std_correction", "max_dim", "argmax", "prod_zeros", "norm", "cumsum", "cumprod_zeros", "cummax",
         "logcumsumexp", "sort", "topk", "median", "mode", "unique", "matmul", "mm_bmm_mv_dot", "einsum", "trace_diag",
         "linalg_vector_norm", "linalg_det", "linalg_inv", "linalg_cholesky"}
