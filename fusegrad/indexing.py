@@ -221,6 +221,10 @@ def index_put(self: Tensor, indices, values, accumulate: bool = False) -> Tensor
                        f"result of shape {list(flat.shape + rest)}")
   vals = vals._broadcast_to(flat.shape + rest)
   hit = flat.reshape(-1, 1) == arange(P, device=self.device)                 # [M, P]
+  if not accumulate and flat.numel() > 1:
+    # a position written twice keeps the last value written (PyTorch's CPU order), not their sum
+    later = hit._cast(dt.int32).flip(0).cumsum(0).flip(0) - hit._cast(dt.int32)
+    hit = hit & (later == 0)
   v = vals.reshape(-1, 1, *rest)                                            # [M, 1, *rest]
   h = hit.reshape(*hit.shape, *(1,) * len(rest))
   red = _reduce_hits(v, h, "sum", 0).reshape(self.shape)

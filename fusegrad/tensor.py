@@ -1087,10 +1087,14 @@ class Tensor:
 
   def __setitem__(self, index, value) -> None:
     # a lazy select: the indexed region takes the new values, everything else stays
+    idx = index if isinstance(index, tuple) else (index,)
+    if idx and all(isinstance(i, Tensor) for i in idx) and not (len(idx) == 1 and idx[0].dtype.is_bool and
+                                                                (not isinstance(value, Tensor) or value.numel() == 1)):
+      # x[i, j] = v, x[mask] = values: index_put_ (a position named twice keeps the last value, as PyTorch's CPU)
+      val = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
+      self.index_put_(idx, val.to(self.device)._cast(self.dtype))
+      return
     if isinstance(index, Tensor) and index.dtype.is_bool:   # x[mask] = scalar
-      if isinstance(value, Tensor) and value.numel() != 1:
-        raise NotImplementedError(f"x[mask] = tensor of {value.numel()} values (a scatter) is not implemented; "
-                                  f"use fusegrad.where(mask, values, x) with values shaped like x {list(self.shape)}")
       v = value.reshape(()) if isinstance(value, Tensor) else value
       self._assign(where(index._broadcast_to(broadcast_shapes(index.shape, self.shape)), v, self)._cast(self.dtype))
       return
@@ -1215,14 +1219,23 @@ class Tensor:
     n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
     a0, b0 = a, b
     with autograd.no_grad():   # one MATMUL recipe for autograd: its gradients are matmuls again
-      if n >= 16 and n * k * m >= 1 << 20 and _transposed_view(b): b = b.contiguous()
+      panel = _panel(b, n, k, m, d)
+      if not panel and n >= 16 and n * k * m >= 1 << 20 and _transposed_view(b): b = b.contiguous()
       # float16/bfloat16: products and sum in float32, the result rounded once (PyTorch's CPU matmul)
       if d in HALF_FLOATS: a, b = a._cast(dt.float32), b._cast(dt.float32)
-      a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
-      b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
-      prod_ = (a * b) if not d.is_bool else (a & b)
-      out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False)._cast(d) if k else \
-          self._new(gn.const(0, d, batch + (n, m), self.device))
+      if panel:
+        # b packed in panels of `panel` columns, each panel's rows consecutive: (..., m/panel, k, panel)
+        bp = b.reshape(*b.shape[:-1], m // panel, panel).transpose(-3, -2).contiguous()
+        a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, k, 1)
+        bp = bp._broadcast_to(batch + (m // panel, k, panel)).reshape(*batch, 1, m // panel, k, panel)
+        prod_ = a * bp
+        out = prod_._reduce("SUM", -2, False).reshape(*batch, n, m)._cast(d)
+      else:
+        a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
+        b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
+        prod_ = (a * b) if not d.is_bool else (a & b)
+        out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False)._cast(d) if k else \
+            self._new(gn.const(0, d, batch + (n, m), self.device))
     out = a0._prim("MATMUL", None, out.node, a0, b0)
     if va: out = out.squeeze(-2)
     if vb: out = out.squeeze(-1)
@@ -1356,6 +1369,24 @@ def _take_rows(w: Tensor, idx: Tensor) -> Tensor:
   r = Tensor(_node=out.node)
   autograd.record(r, "TAKE_ROWS", idx, (w,))
   return r
+
+
+# matmuls of at least this many multiply-adds read their right operand from panels (see _panel)
+PANEL_MIN_WORK = 1 << 24
+
+
+def _panel(b: Tensor, n: int, k: int, m: int, d) -> int:
+  """Columns per panel when a matmul's right operand is worth packing first, else 0. The register tile reads a
+  vector of b's columns per step of the reduction; in b's own layout those rows lie a row apart (an 8 KB stride
+  for 2048 columns), so a long reduction walks a new page per step and the cache keeps few of the rows (they
+  fall into a handful of sets). Packed as (m/panel, k, panel), each panel is one consecutive stream, read once
+  per row tile from cache; the copy costs one pass over b. Devices whose kernels use vector register tiles only
+  (renderer caps), float32, large products."""
+  from fusegrad.runtime import device as rd
+  if d != dt.float32 or k < 128 or n < 16 or n * k * m < PANEL_MIN_WORK: return 0
+  caps = rd.get(b.device).caps
+  p = max((w for w in caps.vector_widths if m % w == 0), default=0) if caps.prefers_blocking and not caps.has_local else 0
+  return p if p >= 8 and m >= 4 * p else 0
 
 
 def _transposed_view(t: Tensor) -> bool:

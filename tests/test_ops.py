@@ -1213,5 +1213,24 @@ def test_setitem_mask_scalar(device, rng):
   x[x > 0.5] = 7.0
   tx[tx > 0.5] = 7.0
   check(x, tx)
-  with pytest.raises(NotImplementedError, match="scatter"):
-    x[x > 0] = fg.ones(3, device=device)
+
+
+def test_setitem_integer_and_mask_tensors(device, rng):
+  """x[i, j] = v and x[mask] = values go through index_put_; a position named twice keeps the last value."""
+  x, tx = rand_pair(rng, (4, 6), "float32", device)
+  i = rng.integers(0, 4, 5)
+  i[3] = i[0]
+  j = rng.integers(0, 6, 5)
+  j[3] = j[0]
+  v = rng.standard_normal(5).astype(np.float32)
+  x[fg.tensor(i, device=device), fg.tensor(j, device=device)] = fg.tensor(v, device=device)
+  tx[torch.tensor(i), torch.tensor(j)] = torch.tensor(v)
+  check(x, tx)
+  x[fg.tensor([2, 0, 2], device=device)] = 3.5           # whole rows
+  tx[torch.tensor([2, 0, 2])] = 3.5
+  check(x, tx)
+  m = rng.random((4, 6)) < 0.5
+  w = rng.standard_normal(int(m.sum())).astype(np.float32)
+  x[fg.tensor(m, device=device)] = fg.tensor(w, device=device)
+  tx[torch.tensor(m)] = torch.tensor(w)
+  check(x, tx)

@@ -39,6 +39,33 @@ class Axis:
   def __repr__(self): return f"{self.var.name}:{self.kind.value}[{self.size}]"
 
 
+class VecDType:
+  """`count` lanes of a scalar dtype held in one register (a vector type where the renderer has one). Made by
+  codegen/passes.expand for the lanes of a vector UPCAST axis; one object per (scalar, count), so == is identity
+  as for DType. Attributes other than these read through to the scalar dtype (is_float, np, ...)."""
+  __slots__ = ("scalar", "count", "name")
+  _made: dict = {}
+
+  def __init__(self, scalar: DType, count: int):
+    self.scalar, self.count, self.name = scalar, count, f"{scalar.name}x{count}"
+
+  def __getattr__(self, a): return getattr(self.scalar, a)
+  def __repr__(self): return f"vec({self.scalar.name}, {self.count})"
+  def __reduce__(self): return (vec, (self.scalar, self.count))
+  @property
+  def itemsize(self) -> int: return self.scalar.itemsize * self.count
+
+
+def vec(d: DType, count: int) -> VecDType:
+  v = VecDType._made.get((d, count))
+  if v is None: v = VecDType._made.setdefault((d, count), VecDType(d, count))
+  return v
+
+
+def scalar_of(d) -> DType:
+  return d.scalar if isinstance(d, VecDType) else d
+
+
 class Val:
   __slots__ = ()
 
@@ -110,6 +137,21 @@ class GroupReduce(Val):
   mine: sym.Lin          # this item's slot: its flat position in the work-group
   slots: tuple           # tuple[sym.Lin]: the slots folded, in order
   size: int              # slots in the local buffer (the work-group's size)
+
+
+@dataclass(frozen=True, eq=True)
+class Vectorize(Val):
+  """A vector made of scalar values, one per lane (all the same one: a broadcast)."""
+  src: tuple
+  dtype: VecDType
+
+
+@dataclass(frozen=True, eq=True)
+class Gep(Val):
+  """One lane of a vector value."""
+  src: Val
+  lane: int
+  dtype: DType
 
 
 @dataclass(frozen=True)
@@ -189,7 +231,8 @@ def is_round16(v: Val) -> bool:
 
 
 def children(v: Val) -> tuple:
-  if isinstance(v, Alu): return v.src
+  if isinstance(v, (Alu, Vectorize)): return v.src
+  if isinstance(v, Gep): return (v.src,)
   if isinstance(v, Reduce): return (v.src,) + v.more
   if isinstance(v, (Gather, GroupReduce)): return (v.src,)
   return ()
@@ -222,7 +265,7 @@ def dependencies(roots) -> dict:
       d = set()
       for c in children(v): d |= deps[id(c)]
       d -= set(v.loops)
-    elif isinstance(v, Gather): d = deps[id(v.src)]
+    elif isinstance(v, (Gather, Gep)): d = deps[id(v.src)]
     elif isinstance(v, GroupReduce): d = (deps[id(v.src)] | sym.variables(v.mine)) - {v.var}
     else:
       d = set()
@@ -244,6 +287,8 @@ def substitute(roots, env: dict, loops: dict | None = None) -> list:
     elif isinstance(v, Valid): r = Valid(v.cond.substitute(env), v.dtype)
     elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(sub(c) for c in v.src))
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, sub(v.src), v.dtype)
+    elif isinstance(v, Vectorize): r = Vectorize(tuple(sub(c) for c in v.src), v.dtype)
+    elif isinstance(v, Gep): r = Gep(sub(v.src), v.lane, v.dtype)
     elif isinstance(v, GroupReduce):
       r = GroupReduce(v.op, v.dtype, sub(v.src), v.var, sym.substitute(v.mine, env),
                       tuple(sym.substitute(x, env) for x in v.slots), v.size)

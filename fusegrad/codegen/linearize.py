@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from fusegrad.graph import symbolic as sym
-from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Val, children, dependencies, toposort
+from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Val, VecDType, children, dependencies, toposort
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class StoreSt:
   idx: sym.Lin
   valid: sym.Cond
   arg: str                  # where valid: bufs[buf][idx] = arg
+  vec: object = None        # ir.VecDType of a vector value: bufs[buf][idx:idx+count] = arg
 
 
 class LinearizeError(RuntimeError):
@@ -155,7 +156,8 @@ def linearize(k: Kernel) -> list:
   for st in k.stores:
     p = longest([var_path(x) for x in sym.variables(st.idx) | st.valid.variables()] + [path[id(st.value)]])
     i = add(None, p)
-    stmts[i] = StoreSt(st.buf, st.idx, st.valid, use(i, st.value))
+    vd = st.value.dtype
+    stmts[i] = StoreSt(st.buf, st.idx, st.valid, use(i, st.value), vd if isinstance(vd, VecDType) else None)
 
   out: list = []
   def emit(scope: tuple) -> None:

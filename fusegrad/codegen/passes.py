@@ -12,8 +12,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from fusegrad.graph import symbolic as sym
+from fusegrad import dtype as dt
 from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store,
-                                 dependencies, toposort, substitute_kernel)
+                                 Vectorize, Gep, VecDType, vec, children, dependencies, toposort, substitute_kernel)
 
 K = AxisKind
 # how the partial accumulators of an upcast reduction axis combine
@@ -21,13 +22,14 @@ FOLD_OP = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX", "MIN": "MIN"}
 BOOL_FOLD_OP = {"SUM": "OR", "PROD": "AND"}
 
 
-def expand(k: Kernel) -> Kernel:
+def expand(k: Kernel, caps=None) -> Kernel:
   kinds = {a.var: a.kind for a in k.axes}
   reg = [a.var for a in k.axes if a.kind in REGISTER_KINDS]
   if not reg: return k
-  regset = set(reg)
   roots = [st.value for st in k.stores]
   deps = dependencies(roots)
+  u = vector_axis(k, caps, deps)
+  regset = set(reg) - {u}
   memo: dict = {}
 
   def at(v, env: dict):
@@ -49,7 +51,7 @@ def expand(k: Kernel) -> Kernel:
 
   def _expand_reduce(v: Reduce, env: dict):
     keep = tuple(x for x in v.loops if x not in regset)
-    up = [x for x in v.loops if kinds[x] is K.UPCAST]
+    up = [x for x in v.loops if kinds[x] is K.UPCAST and x in regset]
     un = [x for x in v.loops if kinds[x] is K.UNROLL]
     parts = []
     for cu in itertools.product(*(range(x.hi + 1) for x in up)):
@@ -70,10 +72,110 @@ def expand(k: Kernel) -> Kernel:
       env = dict(zip(mine, c))
       senv = {x: sym.const(i) for x, i in env.items()}
       stores.append(Store(st.buf, sym.substitute(st.idx, senv), at(st.value, env), st.valid.substitute(senv)))
+  if u is not None: stores = _vectorize(stores, u)
   tiled = any(kinds[x] is K.UPCAST and not any(x in r.loops for r in toposort(roots) if isinstance(r, Reduce))
               for x in reg)
   return replace(k, stores=tuple(stores), axes=tuple(a for a in k.axes if a.kind not in REGISTER_KINDS),
                  tiled=k.tiled or tiled)
+
+
+# what a vector UPCAST axis may carry: float32 values of these ops, loads and these reductions (every renderer with
+# vector types spells them lane-parallel); a kernel with anything else on the axis is expanded to scalars
+VECTOR_OPS = frozenset({"ADD", "SUB", "MUL", "DIV", "NEG", "MAX", "MIN"})
+VECTOR_REDUCES = frozenset({"SUM", "MAX", "MIN"})
+
+
+def vector_axis(k: Kernel, caps, deps: dict):
+  """The UPCAST axis expand turns into vector values: of those whose size is a vector width of the device, the
+  one most loads and stores step along by 1 (the last on a tie), when every value along it is a float32 load,
+  arithmetic op or reduction (else None: scalar copies)."""
+  widths = caps.vector_widths if caps is not None and not k.of_kind(K.GROUP_REDUCE) else ()   # (partials: scalars)
+  cands = [a.var for a in k.axes if a.kind is K.UPCAST and a.size in widths]
+  if not cands: return None
+  vals = toposort([st.value for st in k.stores])
+  idxs = [x.idx for x in vals if isinstance(x, Load)] + [st.idx for st in k.stores]
+  u = max(reversed(cands), key=lambda c: sum(_stride(i, c) == 1 for i in idxs))
+  for v in vals:
+    if not (u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)): continue
+    if v.dtype is not dt.float32: return None
+    ok = isinstance(v, Load) or (isinstance(v, Alu) and v.op in VECTOR_OPS) or \
+        (isinstance(v, Reduce) and v.op in VECTOR_REDUCES)
+    if not ok: return None
+  return u
+
+
+def _stride(idx: sym.Lin, u: sym.Var) -> int | None:
+  """idx's step per index of u, when u appears only as a plain term (None inside a division or modulo)."""
+  step = 0
+  for atom, c in sym.lin(idx).terms:
+    if atom == u: step = c
+    elif u in sym.variables(atom): return None
+  return step
+
+
+def _vectorize(stores: list, u: sym.Var) -> list:
+  """Stores whose values still depend on the vector axis u, with those values as vectors of u's lanes: loads
+  contiguous along u become vector loads (others one load per lane), arithmetic and reductions run on vectors,
+  a reduction over u keeps a vector accumulator folded lane by lane in order (as expand's scalar accumulators
+  are), and stores contiguous along u become vector stores."""
+  n = u.hi + 1
+  roots = [st.value for st in stores]
+  deps = dependencies(roots)
+  mentions = set()              # values with u in their DAG: on it, or over a reduction over it
+  for v in toposort(roots):
+    if u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops) or any(id(c) in mentions for c in children(v)):
+      mentions.add(id(v))
+  at = [{u: sym.const(i)} for i in range(n)]
+  memo: dict = {}
+  isvec = lambda x: isinstance(x.dtype, VecDType)
+
+  def as_vec(x):
+    if isvec(x): return x
+    r = memo.get(("bcast", id(x)))
+    if r is None: r = memo[("bcast", id(x))] = Vectorize((x,) * n, vec(x.dtype, n))
+    return r
+
+  def vz(v):
+    """v over u's lanes: a vector where v depends on u, else the scalar v (rebuilt over what it reads of u)."""
+    if id(v) not in mentions: return v
+    r = memo.get(id(v))
+    if r is not None: return r
+    vd = vec(v.dtype, n)
+    if isinstance(v, Load):
+      if _stride(v.idx, u) == 1 and u not in v.valid.variables():
+        r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)
+      else:
+        r = Vectorize(tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at), vd)
+    elif isinstance(v, Alu):
+      srcs = [vz(c) for c in v.src]
+      r = Alu(v.op, vd, tuple(as_vec(c) for c in srcs)) if any(isvec(c) for c in srcs) else Alu(v.op, v.dtype, tuple(srcs))
+    elif isinstance(v, Reduce):
+      srcs = [vz(c) for c in (v.src,) + v.more]
+      if u not in v.loops and not any(isvec(c) for c in srcs): r = Reduce(v.op, v.dtype, v.loops, srcs[0], tuple(srcs[1:]))
+      else:
+        srcs = [as_vec(c) for c in srcs]
+        acc = Reduce(v.op, vd, tuple(x for x in v.loops if x != u), srcs[0], tuple(srcs[1:]))
+        if u not in v.loops: r = acc
+        else:   # the lanes folded in order, as expand folds its scalar accumulators
+          r = Gep(acc, 0, v.dtype)
+          for i in range(1, n): r = Alu(FOLD_OP[v.op], v.dtype, (r, Gep(acc, i, v.dtype)))
+    elif isinstance(v, Gather) and not isvec(vz(v.src)): r = Gather(v.buf, v.size, vz(v.src), v.dtype)
+    else: raise AssertionError(f"not vectorizable: {v}")   # vector_axis admitted only the kinds above
+    memo[id(v)] = r
+    return r
+
+  out = []
+  for st in stores:
+    val = vz(st.value)
+    on_u = u in sym.variables(st.idx) or u in st.valid.variables()
+    if not isvec(val) and not on_u: out.append(Store(st.buf, st.idx, val, st.valid))
+    elif isvec(val) and _stride(st.idx, u) == 1 and u not in st.valid.variables():
+      out.append(Store(st.buf, sym.substitute(st.idx, at[0]), val, st.valid))
+    else:
+      for i, e in enumerate(at):
+        lane = Gep(val, i, val.dtype.scalar) if isvec(val) else val
+        out.append(Store(st.buf, sym.substitute(st.idx, e), lane, st.valid.substitute(e)))
+  return out
 
 
 def group(k: Kernel) -> Kernel:

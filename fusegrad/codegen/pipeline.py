@@ -27,5 +27,5 @@ def optimize(k: Kernel, caps: Caps, opts=None) -> Kernel:
 
 def prepare(k: Kernel, caps: Caps, opts=None) -> Prepared:
   ko = optimize(k, caps, opts)
-  ke, _, _ = passes.bind(passes.group(passes.expand(ko)))
+  ke, _, _ = passes.bind(passes.group(passes.expand(ko, caps)))
   return Prepared(ke, linearize(ke), ko.opts)

@@ -10,7 +10,7 @@ from fusegrad import dtype as dt
 from fusegrad.graph import ops, symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
-from fusegrad.codegen.ir import Gather, GroupReduce, Load, Const, Index, Valid, Alu
+from fusegrad.codegen.ir import Gather, GroupReduce, Load, Const, Index, Valid, Alu, Vectorize, Gep, VecDType
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen import passes
@@ -93,7 +93,8 @@ class Interpreter:
       if isinstance(st, Let): env[st.name] = self._value(st.val, [env[a] for a in st.args], env, bufs, n)
       elif isinstance(st, Acc):
         r = st.reduce
-        env[st.name] = np.full((n,), reduce_identity(r.op, r.dtype), dtype=_reg(r.dtype))
+        shape = (n, r.dtype.count) if isinstance(r.dtype, VecDType) else (n,)
+        env[st.name] = np.full(shape, reduce_identity(r.op, r.dtype.scalar if shape[1:] else r.dtype), dtype=_reg(r.dtype))
       elif isinstance(st, Update):
         r = st.reduce
         fn = (_BOOL_FOLD if r.dtype.is_bool else {}).get(r.op, _FOLD[r.op])
@@ -103,15 +104,23 @@ class Interpreter:
         d = self.k.bufs[st.buf].dtype
         ok = np.broadcast_to(np.asarray(sym.evaluate_cond(st.valid, env)), (n,))
         pos = np.broadcast_to(sym.evaluate(st.idx, env), (n,))[ok]
-        val = np.broadcast_to(np.asarray(env[st.arg]), (n,))[ok]
+        shape = (n,)
+        if st.vec is not None:   # a vector value: lanes at consecutive positions
+          pos, shape = pos[:, None] + np.arange(st.vec.count), (n, st.vec.count)
+        val = np.broadcast_to(np.asarray(env[st.arg]), shape)[ok]
         bufs[st.buf][pos] = _bf16_round(val) if d == dt.bfloat16 else _cast(val, d).astype(d.np)
       i += 1
 
   def _value(self, v, a, env, bufs, n):
     if isinstance(v, Const): return np.asarray(v.value, dtype=_reg(v.dtype))
+    if isinstance(v, Vectorize): return np.stack([np.broadcast_to(np.asarray(x), (n,)) for x in a], axis=-1)
+    if isinstance(v, Gep): return np.asarray(a[0])[..., v.lane]
     if isinstance(v, (Load, Index)):
       idx = np.asarray(sym.evaluate(v.idx, env))
       valid = np.asarray(sym.evaluate_cond(v.valid, env))
+      if isinstance(v.dtype, VecDType):   # lanes at consecutive positions, under the item's one condition
+        idx = np.broadcast_to(idx, (n,))[:, None] + np.arange(v.dtype.count)
+        valid = np.broadcast_to(valid, (n,))[:, None]
       if isinstance(v, Index): return np.where(valid, idx, 0).astype(_reg(v.dtype))
       b = bufs[v.buf]
       safe = np.where(valid, idx, 0) if b.size else idx
@@ -146,8 +155,8 @@ class Interpreter:
 
 class PythonDevice(Device):
   def __init__(self): super().__init__("PYTHON", None)
-  # the oracle for every action: it runs work-groups (flattened) and any number of values in registers; the
-  # default heuristic picks the CPU's tiles, so it checks the kernels the CPU runs
+  # the oracle for every action: it runs work-groups (flattened), any number of values in registers and vectors
+  # (a trailing axis of lanes); the default heuristic picks the CPU's tiles, so it checks the kernels the CPU runs
   caps = Caps(has_local=True, max_local=1024, local_bytes=1 << 16, vector_widths=(4, 8, 16))
   def alloc(self, nbytes: int): return np.zeros(max(nbytes, 1), dtype=np.uint8)
   def copyin(self, handle, src: np.ndarray) -> None: handle[:src.nbytes] = src

@@ -15,7 +15,9 @@ K = AxisKind
 
 def _close(a, b):
   if a.dtype.kind in "iub": np.testing.assert_array_equal(a, b)
-  else: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+  # reassociated float32 sums: the kernels reduce up to 2048 standard normals (|sum| ~ 45, rounding ~1e-4 where it
+  # cancels to near zero)
+  else: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-4)
 
 
 def _legal_actions(k, caps):

@@ -13,6 +13,7 @@ from fusegrad.graph import symbolic as sym
 from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Load, Gather, toposort, dependencies
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen.opt.actions import Opt, OptOp, OptError, apply_opt
+from fusegrad.codegen.passes import vector_axis
 
 K = AxisKind
 # a register-tiled kernel keeps at least this many work items
@@ -23,6 +24,8 @@ REDUCE_LANES = 8
 # with gcc's SLP) by ROW_LANES rows
 OUT_LANES = (16,)
 ROW_LANES = 4
+# column vectors per register tile (a matmul's tile is ROW_LANES x COL_VECTORS vectors)
+COL_VECTORS = 2
 
 
 def _reduces(k: Kernel) -> list:
@@ -54,7 +57,8 @@ def _columns_contiguous(var, reduces) -> bool:
 
 
 def register_tile(k: Kernel) -> list:
-  """[(var, n), ...]: the output axes (row then column) a register tile blocks, or [] when none pays.
+  """[(var, n), ...]: the output axes (row then column) a register tile blocks, in the order they are split, or []
+  when none pays; var None: the outer part of the axis split just before (the column vectors of a tile).
   Lowering reads it too: a tile recomputes a computed operand once per block, so it stores expensive ones."""
   reduces = _reduces(k)
   gvars = [a.var for a in k.of_kind(K.GLOBAL)]
@@ -67,10 +71,14 @@ def register_tile(k: Kernel) -> list:
   if cols is None: return []
   if not ((extent // cols >= MIN_PARALLEL and _reused_without(gvars[-1], reduces, deps)) or
           (extent // cols >= 4 and _columns_contiguous(gvars[-1], reduces))): return []
-  tile = [(gvars[-1], cols)]
-  if len(gvars) >= 2 and (gvars[-2].hi + 1) % ROW_LANES == 0 and extent // (cols * ROW_LANES) >= MIN_PARALLEL and \
+  tile, work = [(gvars[-1], cols)], extent // cols
+  if len(gvars) >= 2 and (gvars[-2].hi + 1) % ROW_LANES == 0 and work // ROW_LANES >= MIN_PARALLEL and \
      _reused_without(gvars[-2], reduces, deps):
     tile.insert(0, (gvars[-2], ROW_LANES))
+    work //= ROW_LANES
+    # several column vectors per row (a matmul): fewer reads of the rows per multiply-add
+    if (gvars[-1].hi + 1) % (cols * COL_VECTORS) == 0 and work // COL_VECTORS >= MIN_PARALLEL:
+      tile.append((None, COL_VECTORS))
   return tile
 
 
@@ -92,12 +100,29 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
   if tile:
     outer = []
     for var, n in tile:
+      if var is None:
+        if not outer: continue
+        var = outer.pop()
       i = do(OptOp.UPCAST, var, n)   # a split keeps the outer half in place
       if k.axes[i].kind is K.GLOBAL: outer.append(k.axes[i].var)
     if len(outer) == 2:   # the row blocks run fastest
       do(OptOp.SWAP, outer[0], k.axis_index(outer[1]))
     return opts
-  for r in _reduces(k):
+  reduces = _reduces(k)
+  if not reduces and caps.vector_widths and k.of_kind(K.GLOBAL):
+    # elementwise: the innermost output axis in vector lanes, where every value along it is a vector op
+    g = k.of_kind(K.GLOBAL)[-1].var
+    w = next((w for w in sorted(caps.vector_widths, reverse=True) if (g.hi + 1) % w == 0 and k.groups >= w * MIN_PARALLEL),
+             None)
+    if w is not None:
+      try:
+        kv = apply_opt(k, Opt(OptOp.UPCAST, k.axis_index(g), w), caps)
+      except OptError:
+        return opts
+      if vector_axis(kv, caps, dependencies([st.value for st in kv.stores])) is not None:
+        opts.append(kv.opts[-1])
+    return opts
+  for r in reduces:
     last = r.loops[-1]
     size = last.hi + 1
     if size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES:

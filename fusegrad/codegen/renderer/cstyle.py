@@ -11,7 +11,7 @@ import math
 from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
-from fusegrad.codegen.ir import Kernel, Gather, GroupReduce, Load, Const, Index, Valid, Alu, Reduce
+from fusegrad.codegen.ir import Kernel, Gather, GroupReduce, Load, Const, Index, Valid, Alu, Reduce, Vectorize, Gep, VecDType
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 
@@ -45,11 +45,13 @@ class CStyleRenderer:
   # ---- types ----------------------------------------------------------------------------------------
   def storage_type(self, d: dt.DType) -> str: return self.types[d]
   def reg_type(self, d: dt.DType) -> str:
+    if isinstance(d, VecDType): return self.vec_type(d)
     return self.types[dt.float32] if d in (dt.float16, dt.bfloat16) else self.types[d]
   def reg_dtype(self, d: dt.DType) -> dt.DType:
     return dt.float32 if d in (dt.float16, dt.bfloat16) else d
 
   def literal(self, v, d: dt.DType) -> str:
+    if isinstance(d, VecDType): return self.vmake(d, [self.literal(v, d.scalar)] * d.count)
     d = self.reg_dtype(d)
     if d.is_bool: return "1" if v else "0"
     if d.is_float:
@@ -78,6 +80,22 @@ class CStyleRenderer:
     if d == dt.float16: return f"b{buf}[{idx}] = fg_f32_to_half({val});"
     return f"b{buf}[{idx}] = {val};"
 
+  # ---- vectors (ir.VecDType: float32 lanes of a vector UPCAST axis; codegen/passes.vector_axis) ---------------
+  # GCC's vector extensions (clang has them too): arithmetic operators work lane by lane; loads and stores go
+  # through memcpy (one unaligned vector move); max/min and lanes are helpers of the prelude
+  def vec_type(self, d: VecDType) -> str: return f"fg_{d.scalar.name}x{d.count}"
+  def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)}){{{','.join(a)}}})"
+  def gep(self, a: str, lane: int) -> str: return f"{a}[{lane}]"
+  def vload(self, buf: int, idx: str, d: VecDType) -> str: return f"fg_vload_{self.vec_type(d)}(b{buf}+{idx})"
+  def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str:
+    return f"fg_vstore_{self.vec_type(d)}(b{buf}+{idx}, {val});"
+  def valu(self, op: str, d: VecDType, a: list) -> str:
+    ops = {"ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/"}
+    if op in ops: return f"({a[0]}{ops[op]}{a[1]})"
+    if op == "NEG": return f"(-{a[0]})"
+    if op in ("MAX", "MIN"): return f"fg_v{op.lower()}_{self.vec_type(d)}({a[0]},{a[1]})"
+    raise NotImplementedError(f"{self.name} renderer has no vector spelling for {op}")
+
   # float32 exp/log/tanh/erf from the shared prelude (_MATH): vectorizable, and the same bits on every device
   own_math = {"EXP": "fg_expf", "LOG": "fg_logf", "TANH": "fg_tanhf", "ERF": "fg_erff"}
 
@@ -95,6 +113,7 @@ class CStyleRenderer:
     return f"({self.reg_type(d)})({a})"
 
   def alu(self, op: str, d: dt.DType, a: list, srcs: tuple) -> str:
+    if isinstance(d, VecDType): return self.valu(op, d, a)
     sd = srcs[0].dtype if srcs else d
     fl = self.reg_dtype(sd).is_float
     f = lambda n: self.math_fn(n, sd)
@@ -128,8 +147,11 @@ class CStyleRenderer:
 
   def value(self, v, a: list) -> str:
     if isinstance(v, Load):
-      ld = self.load(v.buf, self.idx(v.idx), v.dtype)
+      ld = self.vload(v.buf, self.idx(v.idx), v.dtype) if isinstance(v.dtype, VecDType) else \
+          self.load(v.buf, self.idx(v.idx), v.dtype)
       return ld if v.valid.is_true else f"({self.cond(v.valid)}?{ld}:{self.literal(0, v.dtype)})"
+    if isinstance(v, Vectorize): return self.vmake(v.dtype, a)
+    if isinstance(v, Gep): return self.gep(a[0], v.lane)
     if isinstance(v, Const): return self.literal(v.value, v.dtype)
     if isinstance(v, Gather):
       return f"(({a[0]})>=0&&({a[0]})<{v.size}?{self.load(v.buf, a[0], v.dtype)}:{self.literal(0, v.dtype)})"
@@ -188,7 +210,8 @@ class CStyleRenderer:
     for a in st.args: w.out(self.update(st.reduce, st.name, a))
 
   def _store(self, st: StoreSt, w: "_Walk") -> None:
-    line = self.store(st.buf, self.idx(st.idx), st.arg, w.k.bufs[st.buf].dtype)
+    line = self.vstore(st.buf, self.idx(st.idx), st.arg, st.vec) if st.vec is not None else \
+        self.store(st.buf, self.idx(st.idx), st.arg, w.k.bufs[st.buf].dtype)
     w.out(line if st.valid.is_true else f"if ({self.cond(st.valid)}) {line}")
 
   emit = {Loop: _loop, End: _end, Let: _let, Acc: _acc, Update: _update, StoreSt: _store}
@@ -315,7 +338,27 @@ _C_PRELUDE += "\n" + _MATH + r"""
 #define FG_BLOCKED __attribute__((optimize("no-tree-loop-vectorize")))
 #else
 #define FG_BLOCKED
-#endif"""
+#endif
+"""
+
+
+def _c_vectors(widths) -> str:
+  """The C prelude's float32 vector types (GCC vector extensions) and their helpers, for each width."""
+  out = ["/* float32 vectors (codegen/passes.vector_axis): lane-wise arithmetic by operators, unaligned loads and "
+         "stores by memcpy, max/min with NaN propagating as the scalar ops do */"]
+  for n in widths:
+    t, m = f"fg_float32x{n}", f"fg_int32x{n}"
+    out += [f"typedef float {t} __attribute__((vector_size({4 * n})));",
+            f"typedef int32_t {m} __attribute__((vector_size({4 * n})));",
+            f"static inline {t} fg_vload_{t}(const float* p) {{ {t} v; memcpy(&v, p, sizeof v); return v; }}",
+            f"static inline void fg_vstore_{t}(float* p, {t} v) {{ memcpy(p, &v, sizeof v); }}"]
+    for op, cmp in (("max", ">"), ("min", "<")):
+      out.append(f"static inline {t} fg_v{op}_{t}({t} a, {t} b) {{ {m} k = (a {cmp} b) | (a != a); "
+                 f"return ({t})((k & ({m})a) | (~k & ({m})b)); }}")
+  return "\n".join(out)
+
+
+_C_PRELUDE += _c_vectors((4, 8, 16))
 
 
 class CRenderer(CStyleRenderer):
@@ -376,9 +419,21 @@ class OpenCLRenderer(CStyleRenderer):
            dt.uint32: "uint", dt.int64: "long", dt.float16: "half", dt.bfloat16: "ushort", dt.float32: "float",
            dt.float64: "double"}
   prelude = _CL_PRELUDE
-  caps = Caps(has_local=True, max_local=256, local_bytes=16384, vector_widths=(4, 8, 16))
+  # float16 vectors are left out: PoCL's CPU target (no avx512f) builds a program holding float16 vloads/vstores
+  # without its kernel (INVALID_KERNEL_NAME), and GPUs load at most 16 bytes per lane anyway
+  caps = Caps(has_local=True, max_local=256, local_bytes=16384, vector_widths=(2, 4, 8))
 
   def storage_type(self, d: dt.DType) -> str: return "uchar" if d.is_bool else self.types[d]
+  # OpenCL C's own vector types and built-ins
+  def vec_type(self, d: VecDType) -> str: return f"{self.types[d.scalar]}{d.count}"
+  def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)})({','.join(a)}))"
+  def gep(self, a: str, lane: int) -> str: return f"{a}.s{lane:x}"
+  def vload(self, buf: int, idx: str, d: VecDType) -> str: return f"vload{d.count}(0, b{buf}+{idx})"
+  def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str: return f"vstore{d.count}({val}, 0, b{buf}+{idx});"
+  def valu(self, op: str, d: VecDType, a: list) -> str:
+    if op in ("MAX", "MIN"):
+      return f"select({a[1]},{a[0]},({a[0]}{'>' if op == 'MAX' else '<'}{a[1]})|isnan({a[0]}))"
+    return super().valu(op, d, a)
   def library_fn(self, name: str, d: dt.DType) -> str: return name    # overloaded builtins
   def literal(self, v, d: dt.DType) -> str:
     r = super().literal(v, d)
