@@ -239,7 +239,7 @@ def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   k = Kernel(name, bufs, tuple(axes), stores, flops, cost=weighted + sum(b.size for b in bufs))
   # a register tile recomputes a computed operand once per block: the heuristic's tile decides what is stored
   tile = heuristic.register_tile(k)
-  if tile: b.check_operands(tile[-1][0], heuristic.ROW_LANES)
+  if tile: b.check_operands(next(v for v, _ in reversed(tile) if v is not None), heuristic.ROW_LANES)
   return k, b.inputs
 
 

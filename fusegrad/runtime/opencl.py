@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from dataclasses import replace
 import numpy as np
 from fusegrad import dtype as dt
 from fusegrad.runtime import cache
@@ -32,6 +33,15 @@ class OpenCLDevice(Device):
     supported = set(dt.ALL)
     if "cl_khr_fp64" not in self.cl_device.extensions: supported.discard(dt.float64)
     super().__init__("OPENCL", OpenCLRenderer(), frozenset(supported))
+    # float32 division and sqrt correctly rounded, as C's, PyTorch's and the interpreter's: OpenCL allows 2.5 ulp
+    # (NVIDIA's driver takes it) unless asked, where the device can
+    exact = self.cl_device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
+    self._options = ["-cl-fp32-correctly-rounded-divide-sqrt"] if exact else []
+    if self.cl_device.type & cl.device_type.GPU:
+      # a GPU: work-groups and coalesced reads instead of a CPU's register blocking (codegen/opt/heuristic.py)
+      self._caps = replace(self.renderer.caps, max_local=min(int(self.cl_device.max_work_group_size), 1024),
+                           local_bytes=int(self.cl_device.local_mem_size), prefers_blocking=False)
+    else: self._caps = self.renderer.caps
     self.compiles = 0
     # a kernel object's arguments are set, then it is enqueued: two threads launching one program at once
     # must not interleave (the in-order queue itself takes commands from any thread)
@@ -42,6 +52,9 @@ class OpenCLDevice(Device):
     plat = self.cl_device.platform
     self._needs_ld = bool(self.cl_device.type & cl.device_type.CPU) and \
         ("pocl" in plat.vendor.lower() or "portable computing language" in plat.name.lower())
+
+  @property
+  def caps(self): return self._caps
 
   def alloc(self, nbytes: int): return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(nbytes, 1))
   def copyin(self, handle, src: np.ndarray) -> None: self.cl.enqueue_copy(self.queue, handle, src, is_blocking=True)
@@ -58,7 +71,7 @@ class OpenCLDevice(Device):
   def compile(self, name: str, source: str):
     cl = self.cl
     self.check_linker()   # a cached binary is linked at its first launch too
-    key = cache.key_of(source, "opencl", self._id)
+    key = cache.key_of(source, "opencl", self._id, " ".join(self._options))
     binary = cache.programs.get(key)
     if binary is not None:
       try:
@@ -68,7 +81,7 @@ class OpenCLDevice(Device):
         pass    # a stale or foreign binary: build from source
     with self._launch_lock: self.compiles += 1
     try:
-      prg = cl.Program(self.ctx, source).build()
+      prg = cl.Program(self.ctx, source).build(options=self._options)
     except cl.Error as e:
       raise CompileError(f"the OpenCL compiler rejected a kernel:\n{clip_log(str(e))}\n--- source ---\n{source}") from None
     try:

@@ -337,17 +337,18 @@ add("linalg_matrix_norm", lambda L, x: (L.linalg.matrix_norm(x), L.linalg.matrix
 add("linalg_norm", lambda L, x: (L.linalg.norm(x), L.linalg.norm(x, 2, 0), L.linalg.norm(x, "fro"), L.linalg.norm(x, 1, (0, 1)),
                                  L.linalg.norm(x, dim=1, keepdim=True)), R[1:] + (((5,),),), F32_64, fast=True)
 add("linalg_norm_nuc_raises_or_not", lambda L, x: L.linalg.norm(x, 3), R[1:], F32)
-add("linalg_det", lambda L, x: (L.linalg.det(x), L.det(x), x.det()), (((1, 1),), ((2, 2),), ((3, 3),), ((4, 4),), ((2, 3, 3),)),
+add("linalg_det", lambda L, x: (L.linalg.det(x), L.det(x), x.det()), (((1, 1),), ((3, 3),), ((2, 2, 2),)),
     F32_64, fast=True, rtol=1e-4, atol=1e-5)
 add("linalg_det_nonsquare", lambda L, x: L.linalg.det(x), (((2, 3),),), F32)
-add("linalg_inv", lambda L, x: (L.linalg.inv(x), L.inverse(x), x.inverse()), (((1, 1),), ((2, 2),), ((3, 3),), ((2, 4, 4),)),
+add("linalg_inv", lambda L, x: (L.linalg.inv(x), L.inverse(x), x.inverse()), (((1, 1),), ((3, 3),), ((2, 2, 2),)),
     F32_64, gen=_wellcond, fast=True, rtol=1e-4, atol=1e-5)
-add("linalg_solve", lambda L, a, b: (L.linalg.solve(a, b), L.linalg.solve(a, b[..., 0])), (((3, 3), (3, 2)), ((2, 4, 4), (2, 4, 1))),
+add("linalg_solve", lambda L, a, b: (L.linalg.solve(a, b), L.linalg.solve(a, b[..., 0])), (((3, 3), (3, 2)), ((2, 2, 2), (2, 2, 1))),
     F32_64, gen=lambda rng, s, d: _wellcond(rng, s, d) if s[-1] == s[-2] else rng.uniform(-1, 1, s), rtol=1e-4, atol=1e-5)
 add("linalg_cholesky", lambda L, x: (L.linalg.cholesky(x), L.cholesky(x), L.linalg.cholesky(x, upper=True)),
-    (((1, 1),), ((3, 3),), ((2, 4, 4),)), F32_64, gen=_spd, fast=True, rtol=1e-4, atol=1e-5)
+    (((1, 1),), ((3, 3),), ((2, 2, 2),)), F32_64, gen=_spd, fast=True, rtol=1e-4, atol=1e-5)
 
 
+# (linalg: the graph grows with n, and every kernel of it compiles: shapes up to 3x3 keep each case to seconds)
 # the fast subset (`make test` without -m slow deselection runs everything; `-m "not slow"` runs these): one or two
 # cases per family, chosen so that it stays well under a minute on two cores with a warm kernel cache
 FAST = {"exp", "asin", "atanh", "acosh_specials", "exp_int", "isnan", "bitwise_not", "add", "mul", "div", "atan2",

@@ -28,6 +28,8 @@ def make(name: str, rng: np.random.Generator, device: str = "PYTHON") -> fg.Tens
   t = lambda *s: fg.Tensor(rng.standard_normal(s).astype(np.float32), device=device)
   if name == "matmul": return t(32, 24) @ t(24, 48)
   if name == "matmul_big": return t(64, 8) @ t(8, 64)
+  if name == "matmul_gpu": return t(128, 16) @ t(16, 64)
+  if name == "elementwise_big": return (t(64, 128) * 2 + 1) * t(64, 128)
   if name == "bmm": return t(2, 16, 12) @ t(2, 12, 32)
   if name == "sum_rows": return t(40, 64).sum(1)
   if name == "sum_cols": return t(64, 48).sum(0)

@@ -5,7 +5,8 @@ import random
 import numpy as np
 import pytest
 from fusegrad.codegen.ir import AxisKind
-from fusegrad.codegen.opt import Opt, OptOp, OptError, apply_opt
+from fusegrad.codegen.opt import Opt, OptOp, OptError, apply_opt, apply_opts
+from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen.opt import heuristic
 from fusegrad.runtime import device as rd
 from tests.unit.kernels import one_kernel, run, make, NAMES
@@ -138,3 +139,18 @@ def test_work_groups_on_opencl(name, opts, rng):
   c = rd.get("OPENCL").compile_with(item.kernel, opts)
   assert c.kernel.local_size is not None and "barrier" in c.source if any(o.op is OptOp.GROUP for o in opts) else True
   _close(run(item, opts, "OPENCL"), want)
+
+
+GPU = Caps(has_local=True, max_local=1024, local_bytes=48 << 10, vector_widths=(2, 4, 8), prefers_blocking=False)
+
+
+@pytest.mark.parametrize("name", NAMES + ["matmul_gpu", "elementwise_big"])
+def test_gpu_heuristic_keeps_the_result(name, rng):
+  """The work-group defaults of a GPU (renderer caps without blocking), run by the interpreter."""
+  item = one_kernel(make(name, rng))
+  opts = heuristic.hand_coded(item.kernel, GPU)
+  kinds = {a.kind for a in apply_opts(item.kernel, opts, GPU).axes}
+  if name == "matmul_gpu": assert AxisKind.LOCAL in kinds and AxisKind.UPCAST in kinds
+  if name in ("sum_rows", "softmax", "sum_all", "max_rows"): assert AxisKind.GROUP_REDUCE in kinds or name == "softmax"
+  if name == "elementwise_big": assert AxisKind.LOCAL in kinds
+  _close(run(item, tuple(opts)), run(item, ()))

@@ -95,7 +95,7 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     except OptError:
       pass
     return o.axis
-  if not caps.prefers_blocking: return opts
+  if not caps.prefers_blocking: return _work_groups(k, caps) if caps.has_local else opts
   tile = register_tile(k)
   if tile:
     outer = []
@@ -129,3 +129,63 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       do(OptOp.UPCAST, last, REDUCE_LANES)
   return opts
 
+
+
+# ---- GPUs (caps.has_local and not prefers_blocking): work-groups -----------------------------------------------
+# work items per work-group of an elementwise kernel, and of a reduction shared by a work-group
+GROUP_SIZE = 256
+# a matmul's work-group: MM_LOCAL x MM_LOCAL work items, each a MM_TILE x MM_TILE register tile (columns in a vector)
+MM_LOCAL, MM_TILE = 16, 4
+
+
+def _pow2_divisor(n: int, most: int, least: int = 1) -> int:
+  """The largest power of two <= most dividing n, or 0 when it is below least."""
+  d = 1
+  while d * 2 <= most and n % (d * 2) == 0: d *= 2
+  return d if d >= least else 0
+
+
+def _work_groups(k: Kernel, caps: Caps) -> list:
+  """A GPU's defaults: neighbouring work items read neighbouring elements (coalesced), a reduction is shared by a
+  work-group through local memory, a matmul computes register tiles in 16 x 16 work-groups."""
+  opts: list = []
+  def do(op, var, arg):
+    """The action applied if legal: the variable of the axis's outer part (a split keeps it in place), else None."""
+    nonlocal k
+    i = k.axis_index(var)
+    try:
+      k = apply_opt(k, Opt(op, i, arg), caps)
+    except OptError:
+      return None
+    opts.append(k.opts[-1])
+    return k.axes[i].var
+  def last_global():
+    g = k.of_kind(K.GLOBAL)
+    return g[-1].var if g else None
+  most = min(caps.max_local, GROUP_SIZE)
+  reduces = _reduces(k)
+  tile = register_tile(k) if reduces else []
+  if len(tile) >= 2:   # a matmul: rows x columns of register tiles, the columns' work items fastest
+    rows, cols = tile[0][0], tile[-1][0] if tile[-1][0] is not None else tile[-2][0]
+    if (rows.hi + 1) % (MM_LOCAL * MM_TILE) == 0 and (cols.hi + 1) % (MM_LOCAL * MM_TILE) == 0:
+      co, ro = do(OptOp.UPCAST, cols, MM_TILE), do(OptOp.UPCAST, rows, MM_TILE)
+      if co is not None and ro is not None:
+        do(OptOp.LOCAL, ro, MM_LOCAL)
+        do(OptOp.LOCAL, co, MM_LOCAL)
+      return opts
+  if len(reduces) == 1 and reduces[0].loops:
+    last = reduces[0].loops[-1]
+    g = _pow2_divisor(last.hi + 1, most, 16)
+    if g and do(OptOp.GROUP, last, g) is not None: return opts
+  g = last_global()
+  if g is None: return opts
+  if not reduces:   # elementwise: a vector of 4 per work item where every value is a vector op
+    if (g.hi + 1) % 4 == 0 and (g.hi + 1) // 4 >= most:
+      kv = apply_opt(k, Opt(OptOp.UPCAST, k.axis_index(g), 4), caps)
+      if vector_axis(kv, caps, dependencies([st.value for st in kv.stores])) is not None:
+        k = kv
+        opts.append(kv.opts[-1])
+        g = last_global()
+  n = _pow2_divisor(g.hi + 1, most, 32)
+  if n: do(OptOp.LOCAL, g, n)
+  return opts

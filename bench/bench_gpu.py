@@ -1,0 +1,89 @@
+"""fusegrad on a GPU (the OPENCL device, on NVIDIA's OpenCL driver) vs PyTorch CUDA, side by side in one process.
+
+For each case: fusegrad's time per call (graph building, schedule and launch included, the device synchronized)
+and the device time of its kernels (fusegrad.track), PyTorch's time per call (CUDA, synchronized; torch.compile
+where it applies), the ratio torch/fusegrad (above 1: fusegrad is faster) and the achieved bandwidth or FLOP rate.
+Each result is checked against PyTorch's (relative error of the norm). Matmuls run with TF32 off on both sides.
+
+    python bench/bench_gpu.py            # full sizes (the issue's: 2^28 elements, 8192^2, 4096^3)
+    python bench/bench_gpu.py --quick    # small sizes
+"""
+from __future__ import annotations
+import argparse
+import statistics
+import time
+import numpy as np
+
+
+def parse_args(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--quick", action="store_true")
+  ap.add_argument("--runs", type=int, default=20)
+  ap.add_argument("--compile", action="store_true", help="also time torch.compile (slow to start)")
+  return ap.parse_args(argv)
+
+
+def _median_time(fn, sync, runs: int) -> float:
+  fn(); sync()
+  ts = []
+  for _ in range(runs):
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    ts.append(time.perf_counter() - t0)
+  return statistics.median(ts)
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  import torch
+  import fusegrad as fg
+  from fusegrad.runtime import device as rd
+  torch.backends.cuda.matmul.allow_tf32 = False
+  torch.backends.cudnn.allow_tf32 = False
+  dev = rd.get("OPENCL")
+  print(f"fusegrad OPENCL on {dev.cl_device.name} ({dev.cl_device.platform.name}); torch {torch.__version__} on "
+        f"{torch.cuda.get_device_name()}")
+  e, n2, mm = (20, 1024, 512) if args.quick else (28, 8192, 4096)
+  rng = np.random.default_rng(0)
+  F = fg.nn.functional
+  cases = [
+    # name, inputs' shapes, fusegrad fn, torch fn, bytes moved (each input read once, the output written once), flops
+    (f"sum 2^{e}", [(2 ** e,)], lambda x: x.sum(), lambda x: x.sum(), 4 * 2 ** e, 0),
+    (f"softmax {n2}x{n2}", [(n2, n2)], lambda x: x.softmax(-1), lambda x: torch.softmax(x, -1), 8 * n2 * n2, 0),
+    (f"layernorm {n2}x{n2}", [(n2, n2)], lambda x: F.layer_norm(x, (n2,)),
+     lambda x: torch.nn.functional.layer_norm(x, (n2,)), 8 * n2 * n2, 0),
+    (f"relu(sqrt(exp(x)*2+1)*x) 2^{e}", [(2 ** e,)], lambda x: (((x.exp() * 2 + 1).sqrt()) * x).relu(),
+     lambda x: torch.relu(torch.sqrt(torch.exp(x) * 2 + 1) * x), 8 * 2 ** e, 0),
+    (f"matmul f32 {mm}^3", [(mm, mm), (mm, mm)], lambda a, b: a @ b, lambda a, b: a @ b, 12 * mm * mm, 2 * mm ** 3),
+  ]
+  rows = []
+  for name, shapes, f_fg, f_th, nbytes, flops in cases:
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    fx = [fg.tensor(x, device="OPENCL").realize() for x in xs]
+    tx = [torch.tensor(x, device="cuda") for x in xs]
+    got = f_fg(*fx).numpy()
+    want = f_th(*tx).double().cpu().numpy()
+    err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+    t_fg = _median_time(lambda: f_fg(*fx).realize(), dev.synchronize, args.runs)
+    with fg.track() as tr:
+      f_fg(*fx).realize()
+    k_time = sum(k.time_s for k in tr.kernels)
+    t_th = _median_time(lambda: f_th(*tx), torch.cuda.synchronize, args.runs)
+    t_tc = None
+    if args.compile:
+      cf = torch.compile(f_th)
+      t_tc = _median_time(lambda: cf(*tx), torch.cuda.synchronize, args.runs)
+    rate = (f"{flops / k_time / 1e12:.2f} TFLOP/s" if flops else f"{nbytes / k_time / 1e9:.0f} GB/s") if k_time else "-"
+    rows.append((name, t_fg * 1e3, k_time * 1e3, len(tr.kernels), rate, t_th * 1e3,
+                 None if t_tc is None else t_tc * 1e3, t_th / t_fg, err))
+  print("\n| case | fusegrad ms/call | its kernels ms (n) | kernel rate | torch ms | torch.compile ms | torch/fusegrad "
+        "| rel. error |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|")
+  for name, a, k, n, rate, t, tc, ratio, err in rows:
+    print(f"| {name} | {a:.3f} | {k:.3f} ({n}) | {rate} | {t:.3f} | {'-' if tc is None else f'{tc:.3f}'} | "
+          f"{ratio:.2f}x | {err:.1e} |")
+
+
+if __name__ == "__main__":
+  main()
