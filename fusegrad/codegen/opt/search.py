@@ -175,13 +175,16 @@ def matches(got: list, ref: list, kernel: Kernel) -> bool:
 # ---- the search ----
 
 def beam_search(kernel: Kernel, dev, beam_width: int = 4, *, budget_s: float | None = None,
-                max_rounds: int = MAX_ROUNDS, max_candidates: int = MAX_CANDIDATES, runs: int = RUNS,
+                max_rounds: int | None = None, max_candidates: int | None = None, runs: int = RUNS,
                 progress: bool | None = None) -> tuple:
   """The fastest actions found for the canonical kernel on dev (see the module docstring). budget_s bounds the
-  search's time (default FUSEGRAD_BEAM_BUDGET); progress: a tqdm bar (None: when stderr is a terminal)."""
+  search's time (default FUSEGRAD_BEAM_BUDGET), max_rounds the actions added (MAX_ROUNDS), max_candidates the
+  candidates timed (MAX_CANDIDATES); progress: a tqdm bar (None: when stderr is a terminal)."""
   if beam_width < 1: raise ValueError(f"beam_search: beam_width must be >= 1, got {beam_width}")
   from tqdm import tqdm
   budget = config.BEAM_BUDGET if budget_s is None else budget_s
+  max_rounds = MAX_ROUNDS if max_rounds is None else max_rounds
+  max_candidates = MAX_CANDIDATES if max_candidates is None else max_candidates
   deadline = time.perf_counter() + budget
   caps = dev.caps
   if any(b.size == 0 for b in kernel.bufs if b.output): return ()
