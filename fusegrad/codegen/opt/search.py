@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FuturesTimeout
 import numpy as np
 from fusegrad import config, dtype as dt
 from fusegrad.codegen.ir import Kernel, AxisKind
@@ -193,8 +193,8 @@ def beam_search(kernel: Kernel, dev, beam_width: int = 4, *, budget_s: float | N
     bench = _Bench(kernel, dev)
     seen: set = set()
     timed = 0
-    parallel = dev.name in PARALLEL_COMPILE and (os.cpu_count() or 1) > 1
-    pool = ThreadPoolExecutor(os.cpu_count() or 1) if parallel else None
+    workers = (os.cpu_count() or 1) if dev.name in PARALLEL_COMPILE else 1
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="fusegrad-beam")
     disable = (not sys.stderr.isatty()) if progress is None else not progress
 
     def evaluate(seqs: list, desc: str, best: float) -> list:
@@ -220,22 +220,35 @@ def beam_search(kernel: Kernel, dev, beam_width: int = 4, *, budget_s: float | N
           return dev.compile(c.kernel.name, c.source)
         except Exception:
           return None
-      programs = list(pool.map(build, todo)) if pool is not None else [build(c) for c in todo]
       out = []
+      # compiled a chunk at a time (on all cores where the compiler is a subprocess), then timed with nothing
+      # else running: a budget spent mid-round loses at most one chunk's compiles. A compile still running when
+      # the budget is spent is left behind (its thread finishes it unseen): a compiler can take minutes on an
+      # unlucky candidate (PoCL took 45 s on one heavily unrolled matmul)
+      step = 2 * workers if workers > 1 else 1
       with tqdm(total=len(todo), desc=desc, leave=False, disable=disable) as bar:
-        for c, program in zip(todo, programs):
-          bar.update(1)
-          if program is None or time.perf_counter() > deadline: continue
-          try:
-            ok = matches(bench.outputs(program, c.kernel), bench.ref, kernel)
-            if not ok:
+        for lo in range(0, len(todo), step):
+          chunk = todo[lo:lo + step]
+          futures = [pool.submit(build, c) for c in chunk]
+          programs = []
+          for f in futures:
+            try:
+              programs.append(f.result(timeout=max(deadline - time.perf_counter(), 0.0)))
+            except FuturesTimeout:
+              programs.append(None)
+          for c, program in zip(chunk, programs):
+            bar.update(1)
+            if program is None or time.perf_counter() > deadline: continue
+            try:
+              # a first run checks the result (and pays for a driver's lazy build), then the timed runs
+              if not matches(bench.outputs(program, c.kernel), bench.ref, kernel):
+                stats["rejected"] += 1
+                continue
+              t = bench.time(program, c.kernel, runs, min([best] + [x[0] for x in out]))
+            except Exception:
               stats["rejected"] += 1
               continue
-            t = bench.time(program, c.kernel, runs, best)
-          except Exception:
-            stats["rejected"] += 1
-            continue
-          out.append((t, c.opts, c.kernel))
+            out.append((t, c.opts, c.kernel))
       out.sort(key=lambda x: x[0])
       return out
 
@@ -258,7 +271,7 @@ def beam_search(kernel: Kernel, dev, beam_width: int = 4, *, budget_s: float | N
           break
         best_t, best_opts = found[0][0], found[0][1]
     finally:
-      if pool is not None: pool.shutdown()
+      pool.shutdown(wait=False, cancel_futures=True)
     if config.DEBUG >= 1:
       print(f"fusegrad: beam {kernel.name} on {dev.name}: {list(best_opts)} {best_t * 1e6:.1f} us ({timed} candidates)")
     return tuple(best_opts)
