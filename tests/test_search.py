@@ -69,12 +69,13 @@ def test_candidates_are_legal_and_follow_the_device(rng):
 
 
 class _Liar(PythonDevice):
-  """An interpreter that, for any kernel with an UPCAST, returns at once with a wrong output: the fastest
-  candidate by far, and wrong."""
+  """An interpreter that, for any kernel with an UPCAST, returns at once with a wrong output (the fastest
+  candidate by far, and wrong), and fails to run any kernel with an UNROLL."""
   def launch(self, program, kernel, handles):
     if any(o.op is OptOp.UPCAST for o in kernel.opts):
       handles[0][:] = 0x3f
       return
+    if any(o.op is OptOp.UNROLL for o in kernel.opts): raise RuntimeError("the device lost this kernel")
     super().launch(program, kernel, handles)
 
 
@@ -84,7 +85,7 @@ def test_a_wrong_candidate_is_never_chosen(rng):
   rejected = search.stats["rejected"]
   opts = search.beam_search(item.kernel, liar, 4, max_rounds=3)
   assert search.stats["rejected"] > rejected, "the wrong candidates were not even tried"
-  assert not any(o.op is OptOp.UPCAST for o in opts), opts
+  assert not any(o.op in (OptOp.UPCAST, OptOp.UNROLL) for o in opts), opts
   np.testing.assert_allclose(run(item, opts, "PYTHON"), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
