@@ -190,7 +190,10 @@ def beam_search(kernel: Kernel, dev, beam_width: int = 4, *, budget_s: float | N
   if any(b.size == 0 for b in kernel.bufs if b.output): return ()
   with _search_lock:
     stats["searches"] += 1
-    bench = _Bench(kernel, dev)
+    try:
+      bench = _Bench(kernel, dev)
+    except Exception:   # the unoptimized kernel does not run here: keep the heuristic's (its compile says why)
+      return tuple(heuristic.hand_coded(kernel, caps))
     seen: set = set()
     timed = 0
     workers = (os.cpu_count() or 1) if dev.name in PARALLEL_COMPILE else 1
@@ -262,7 +265,7 @@ def beam_search(kernel: Kernel, dev, beam_width: int = 4, *, budget_s: float | N
       beam_ = beam_[:beam_width]
       for r in range(max_rounds):
         if timed >= max_candidates or time.perf_counter() > deadline: break
-        seqs = [opts + (o,) for _t, opts, ko in beam_ for o in candidate_actions(apply_opts(kernel, opts, caps), caps)]
+        seqs = [opts + (o,) for _t, opts, _k in beam_ for o in candidate_actions(apply_opts(kernel, opts, caps), caps)]
         found = evaluate(seqs, f"beam {kernel.name} round {r + 1}", best_t)
         if not found: break
         beam_ = found[:beam_width]
