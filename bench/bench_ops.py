@@ -11,6 +11,7 @@ compiles the kernels. numpy and torch are timed on the same float32 data, eagerl
     python bench/bench_ops.py            # full sizes (about a minute on 2 cores)
     python bench/bench_ops.py --quick    # small sizes (seconds)
     python bench/bench_ops.py --threads 1  # every library on one thread
+    python bench/bench_ops.py --beam 4   # plus rows for the sum and matmuls with BEAM-searched kernels
 """
 from __future__ import annotations
 import argparse
@@ -29,6 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                   "(default 1.5, or 0.3 with --quick); always at least one run after the warm-up")
   ap.add_argument("--threads", type=int, default=0, help="threads for every library (fusegrad, numpy's BLAS, "
                   "torch); default: each library's own default (all cores)")
+  ap.add_argument("--beam", type=int, default=0, help="also time the sum and matmul cases with kernels chosen by "
+                  "a BEAM search of this width (fusegrad.beam; results are kept in the disk cache)")
   return ap.parse_args(argv)
 
 
@@ -177,15 +180,21 @@ def main() -> int:
 
   rows, failed = [], 0
   t_start = time.perf_counter()
-  for name, (f_fg, f_np, f_th), arrays, tol in cases(args.quick):
+  todo = []
+  for case in cases(args.quick):
+    todo.append((case, 0))
+    if args.beam > 0 and case[0].startswith(("sum", "matmul")): todo.append((case, args.beam))
+  for (name, (f_fg, f_np, f_th), arrays, tol), beam in todo:
+    if beam: name = f"{name}, BEAM {beam}"
     xs = [fg.tensor(a, device="CPU").realize() for a in arrays]
-    # warm-up: compiles the kernels; each timed run rebuilds the graph and realizes it again
-    with fg.track() as tr:
+    # warm-up: compiles the kernels (searching them with --beam); each timed run rebuilds the graph and realizes it
+    with fg.beam(beam), fg.track() as tr:
       got = f_fg(*xs).realize().numpy()
+    if beam: print(f"  {name}: " + "; ".join(f"{k.name} {list(k.opts)}" for k in tr.kernels), file=sys.stderr)
     kernels, kernel_s = len(tr.kernels), []
 
     def run_fg():
-      with fg.track() as t:   # on the CPU device tracking only reads the clock around each launch
+      with fg.beam(beam), fg.track() as t:   # on the CPU device tracking only reads the clock around each launch
         f_fg(*xs).realize()
       kernel_s.append(sum(k.time_s for k in t.kernels))
     fg_ms, runs = median_ms(run_fg, budget)

@@ -11,6 +11,14 @@ def _int(name: str, default: int) -> int:
     raise ValueError(f"environment variable {name} must be an integer, got {v!r}") from None
 
 
+def _float(name: str, default: float) -> float:
+  v = os.environ.get(name, "")
+  try:
+    return float(v) if v.strip() else default
+  except ValueError:
+    raise ValueError(f"environment variable {name} must be a number, got {v!r}") from None
+
+
 DEBUG = _int("FUSEGRAD_DEBUG", 0)                       # 1: each kernel launched; 2: plus its source; 3: plus why each cut
 DEVICE = os.environ.get("FUSEGRAD_DEVICE", "CPU").upper()   # default device
 DEFAULT_CACHE_DIR = os.path.join(
@@ -25,3 +33,5 @@ THREADS = _int("FUSEGRAD_THREADS", 0)                   # CPU worker threads (0:
 MAX_PROGRAMS = _int("FUSEGRAD_MAX_PROGRAMS", 2048)      # compiled programs kept in memory per device (LRU)
 EAGER_REPLAY = bool(_int("FUSEGRAD_EAGER_REPLAY", 1))  # 0: realize schedules step by step (no replay of cached plans)
 FUZZ_EXAMPLES = _int("FUSEGRAD_FUZZ_EXAMPLES", 0)       # tests/fuzz: examples per device (0: the quick default)
+BEAM = _int("FUSEGRAD_BEAM", 0)                         # >0: search each new kernel's actions with this beam width (codegen/opt/search.py)
+BEAM_BUDGET = _float("FUSEGRAD_BEAM_BUDGET", 60.0)      # seconds one kernel's search may take at most

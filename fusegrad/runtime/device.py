@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 import numpy as np
-from fusegrad import dtype as dt
+from fusegrad import dtype as dt, config as _config
 
 BACKENDS = {"CPU": "fusegrad.runtime.cpu", "OPENCL": "fusegrad.runtime.opencl", "PYTHON": "fusegrad.runtime.python"}
 _devices: dict = {}
@@ -143,7 +143,7 @@ class Device:
   # (a library unloaded) when nothing else holds it any more: a capture of fusegrad.jit may still run it.
   programs: OrderedDict = field(default_factory=OrderedDict)
   max_programs: int = field(default_factory=lambda: _max_programs())
-  # id(Kernel) -> (Kernel, Compiled without its program): a rendered kernel's program is looked up in `programs`
+  # id(Kernel) -> (Kernel, Compiled without its program, the beam width it was made under): a rendered kernel's program is looked up in `programs`
   # by its source, so only `programs` decides which compiled programs stay
   by_kernel: OrderedDict = field(default_factory=OrderedDict)
   cache_lock: object = field(default_factory=threading.Lock)   # programs and by_kernel
@@ -186,18 +186,25 @@ class Device:
     return self.renderer.caps
 
   def compiled(self, kernel) -> "Compiled":
-    """A canonical Kernel optimized by the device's heuristic, linearized, rendered and compiled once
-    (codegen/pipeline.py). Compiled programs are also shared by source, so equal kernels from different graphs
-    compile once. Safe from several threads: two that compile one source at once both succeed, the first is kept."""
+    """A canonical Kernel optimized by the device's heuristic (or, with FUSEGRAD_BEAM / fusegrad.beam(n), by the
+    actions a search found: codegen/opt/search.py), linearized, rendered and compiled once (codegen/pipeline.py).
+    Compiled programs are also shared by source, so equal kernels from different graphs compile once. Safe from
+    several threads: two that compile one source at once both succeed, the first is kept."""
+    width = _config.BEAM
     with self.cache_lock:
       hit = self.by_kernel.get(id(kernel))
-      if hit is not None and hit[0] is kernel:
+      # an entry made under another beam width is made again (fusegrad.beam switches it for a block)
+      if hit is not None and hit[0] is kernel and hit[2] == width:
         self.by_kernel.move_to_end(id(kernel))
         c = hit[1]
       else: c = None
     if c is None:
-      c = self._prepare(kernel, None)
-      with self.cache_lock: self._remember(kernel, c)
+      opts = None
+      if width > 0:
+        from fusegrad.codegen.opt.search import searched_opts
+        opts = searched_opts(kernel, self, width)
+      c = self._prepare(kernel, opts)
+      with self.cache_lock: self._remember(kernel, c, width)
     return self._with_program(c)
 
   def compile_with(self, kernel, opts) -> "Compiled":
@@ -236,10 +243,10 @@ class Device:
     if program is not None: self.programs.move_to_end(src)
     return program
 
-  def _remember(self, kernel, c: "Compiled") -> None:
+  def _remember(self, kernel, c: "Compiled", width: int = 0) -> None:
     # a rendered kernel's entry holds no program (only `programs` decides which compiled programs stay loaded);
-    # an interpreter's listing is kept with it
-    self.by_kernel[id(kernel)] = (kernel, c)
+    # an interpreter's listing is kept with it; `width`: the beam width its actions were chosen under
+    self.by_kernel[id(kernel)] = (kernel, c, width)
     self.by_kernel.move_to_end(id(kernel))
     while len(self.by_kernel) > max(self.max_programs, 1) * 2: self.by_kernel.popitem(last=False)
 
