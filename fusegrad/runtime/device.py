@@ -143,8 +143,8 @@ class Device:
   # (a library unloaded) when nothing else holds it any more: a capture of fusegrad.jit may still run it.
   programs: OrderedDict = field(default_factory=OrderedDict)
   max_programs: int = field(default_factory=lambda: _max_programs())
-  # id(Kernel) -> (Kernel, Compiled without its program, the beam width it was made under): a rendered kernel's program is looked up in `programs`
-  # by its source, so only `programs` decides which compiled programs stay
+  # id(Kernel) -> (Kernel, Compiled without its program, the beam width it was made under): a rendered kernel's
+  # program is looked up in `programs` by its source, so only `programs` decides which compiled programs stay
   by_kernel: OrderedDict = field(default_factory=OrderedDict)
   cache_lock: object = field(default_factory=threading.Lock)   # programs and by_kernel
   # freed allocations kept for reuse, by size: fresh memory costs page faults (CPU) or driver calls
