@@ -20,7 +20,7 @@ EXTRAS   ?= opencl,test
 N        ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-base test test-ops demo bench clean
+.PHONY: venv venv-base test test-ops demo bench gpu-test gpu-bench clean
 
 venv: $(TEST_STAMP)
 venv-base: $(BASE_STAMP)
@@ -49,6 +49,17 @@ demo: $(BASE_STAMP)
 bench: $(TEST_STAMP)
 	$(PY) bench/bench_ops.py
 	$(PY) bench/bench_train.py
+
+# On a machine with an NVIDIA GPU and its OpenCL driver (the lent device machine: see bench/README.md), with a
+# python that has numpy, pytest, torch (CUDA) and pyopencl: the OPENCL device's tests run on the GPU, and the GPU
+# benchmark against torch. CI has no GPU: there these tests run on PoCL's CPU driver or skip.
+GPU_PY ?= python3
+gpu-test:
+	$(GPU_PY) -m pytest -q -p no:cacheprovider -k OPENCL tests/test_vectors.py tests/unit/test_actions.py \
+	  tests/test_ops.py tests/test_half.py tests/test_fusion.py tests/test_autograd.py
+
+gpu-bench:
+	$(GPU_PY) bench/bench_gpu.py --compile
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
