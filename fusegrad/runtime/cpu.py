@@ -27,11 +27,7 @@ from fusegrad.codegen.renderer.cstyle import CRenderer
 FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv", "-std=gnu11"]
 # gcc's -O2 vectorizes only loops its "very cheap" model accepts, which rejects most kernels' loops
 # (they need an epilogue); clang's -O2 vectorizes them already.
-# -fno-tree-loop-if-convert: gcc 12.2 (Debian 12's) miscompiles a loop whose body is conditional on the loop
-# variable and feeds two interleaved accumulators -- `for (r...) if (r < 8) { a0 += b[2r]; a1 += b[2r+1]; }`
-# returns a wrong sum at -O2 -march=native (AVX2 and AVX-512): the shape of a padded reduction with lanes
-# (tests/test_vectors.py). Without if-conversion such loops stay scalar; selects still vectorize.
-GCC_FLAGS = ["-ftree-vectorize", "-fvect-cost-model=dynamic", "-fno-tree-loop-if-convert"]
+GCC_FLAGS = ["-ftree-vectorize", "-fvect-cost-model=dynamic"]
 # below this much estimated work (Kernel.cost) a kernel runs on the calling thread: a hand-off costs more
 # (measured on 2 cores: a memory-bound add gains from a second thread from about 2^19 elements)
 PARALLEL_MIN_WORK = 1 << 20

@@ -339,6 +339,16 @@ _C_PRELUDE += "\n" + _MATH + r"""
 #else
 #define FG_BLOCKED
 #endif
+/* kernels with conditional loads (padding, gathers): gcc 12.2 -O2 -march=native miscompiles a loop whose body is
+   conditional on the loop variable and feeds interleaved accumulators once it if-converts it -- `for (r...)
+   if (r < 8) { a0 += b[2r]; a1 += b[2r+1]; }` sums wrong (AVX2 and AVX-512; tests/test_vectors.py) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FG_GUARDED __attribute__((optimize("no-tree-loop-if-convert")))
+#define FG_BLOCKED_GUARDED __attribute__((optimize("no-tree-loop-vectorize", "no-tree-loop-if-convert")))
+#else
+#define FG_GUARDED
+#define FG_BLOCKED_GUARDED
+#endif
 """
 
 
@@ -373,7 +383,11 @@ class CRenderer(CStyleRenderer):
     for i, b in enumerate(k.bufs):
       args.append(f"{'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
     args += ["long long start", "long long end"]
-    lines = [self.helpers(k), "", f"{'FG_BLOCKED ' if k.tiled else ''}void {k.name}({', '.join(args)}) {{",
+    guarded = any(isinstance(st, Let) and (isinstance(st.val, Gather) or (isinstance(st.val, Load) and not st.val.valid.is_true))
+                  for st in listing)
+    attrs = {(True, True): "FG_BLOCKED_GUARDED ", (True, False): "FG_BLOCKED ", (False, True): "FG_GUARDED ",
+             (False, False): ""}[(k.tiled, guarded)]
+    lines = [self.helpers(k), "", f"{attrs}void {k.name}({', '.join(args)}) {{",
              f"  for (long long gidx = start; gidx < end; gidx++) {{"]
     lines += self.body(listing, k, "    ")
     lines += ["  }", "}"]
