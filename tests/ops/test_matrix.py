@@ -7,8 +7,8 @@ the same exception type. For float32/float64 inputs of a case with grad=True, th
 of the float outputs are compared too. float16/bfloat16 references run in float32 on the same (rounded) inputs and
 are cast back, as fusegrad computes them (tests/test_ops.py: ref); their gradients are not compared.
 
-Cases with fast=True run in the normal suite; the rest are marked slow (`make test-ops` runs all of them, `make
-test` too). The CPU device runs everything; the fast cases' first variant also runs on PYTHON (the interpreter).
+Cases with fast=True run in the normal suite (`make test`); the rest are marked slow and ops_full: `make test-ops`
+runs them (and CI, after `make test`). The CPU device runs everything; the fast cases' first variant also runs on PYTHON (the interpreter).
 """
 from __future__ import annotations
 import importlib
@@ -46,7 +46,7 @@ CASES = _load_cases()
 def _params():
   out = []
   for c in CASES:
-    marks = () if c.fast else (pytest.mark.slow,)
+    marks = () if c.fast else (pytest.mark.slow, pytest.mark.ops_full)
     for i, shapes in enumerate(c.shapes):
       for d in c.dtypes:
         out.append(pytest.param(c, i, d, "CPU", id=f"{c.name}-{i}-{d}", marks=marks))
