@@ -201,3 +201,17 @@ def test_debug_log_prints_each_cut_with_its_rule(rng, fresh_caches, monkeypatch,
   assert len(lines) == 2, lines
   assert "nested_reduction: a reduction recomputed in every iteration of another's loop" in lines[0]
   assert lines[1].endswith(": requested")
+
+
+def test_rules_on_every_device(device, rng, fresh_caches):
+  """The same cuts on every device (one table of parameters for now), and the same values."""
+  a, b = randn(rng, 128, 192), randn(rng, 192, 128)
+  x = rng.random((2, 40007), dtype=np.float32) - 0.5
+  ta, tb, tx = realized(a, device), realized(b, device), realized(x, device)
+  outs = [(ta @ tb).sum(), tx.sum(1), tx.amax(1)]
+  with fg.track() as t:
+    fg.realize(*outs)
+  assert len(t.kernels) == 2 + 2 + 2, [k.name for k in t.kernels]
+  np.testing.assert_allclose(outs[0].numpy(), (a.astype(np.float64) @ b).sum(), rtol=1e-4, atol=1e-2)
+  np.testing.assert_allclose(outs[1].numpy(), x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
+  np.testing.assert_array_equal(outs[2].numpy(), x.max(1))
