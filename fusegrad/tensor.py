@@ -26,9 +26,6 @@ from fusegrad.engine import jit as _jit
 _DETACH = (("DETACH", None),)
 ReturnMinMax = namedtuple("return_types", ["values", "indices"])
 
-# a reduction over at least this many elements into few outputs runs as two kernels (split reduce)
-SPLIT_REDUCE_MIN = 1 << 15
-
 
 HALF_FLOATS = (dt.float16, dt.bfloat16)
 
@@ -759,38 +756,16 @@ class Tensor:
 
   # ---- reductions ----
   def _reduce(self, op: str, dim, keepdim: bool) -> "Tensor":
+    # one REDUCE node, however big: the scheduler splits a big reduction into few outputs in two kernels
+    # (schedule/rules.split_reductions)
     axes = _norm_dims(dim, self.ndim)
     x = self
-    red = prod(self.shape[a] for a in axes)
-    outn = prod(s for i, s in enumerate(self.shape) if i not in axes)
-    if red >= SPLIT_REDUCE_MIN and outn < 64 and len(axes) > 0:
-      # two kernels, many partial results then the total; for autograd it is one reduction
-      with autograd.no_grad():
-        total = x._split_reduce(op, axes)
-      x = self._prim("REDUCE", (op, tuple(a for a in axes if self.shape[a] != 1)), total.node)
-    else:
-      real = tuple(sorted(a for a in axes if self.shape[a] != 1))   # size-1 axes reduce nothing
-      if real: x = self._prim("REDUCE", (op, real), gn.reduce(x.node, op, real))
+    real = tuple(sorted(a for a in axes if self.shape[a] != 1))   # size-1 axes reduce nothing
+    if real: x = self._prim("REDUCE", (op, real), gn.reduce(x.node, op, real))
     if not keepdim:   # a reduction's result is a new tensor, even where it reduces nothing
       shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
       if shape != x.shape: x = x._mv("RESHAPE", shape)
     return x
-
-  def _split_reduce(self, op: str, axes: tuple) -> "Tensor":
-    if op in ("SUM", "PROD") and self.dtype in HALF_FLOATS:   # float32 partial results: one rounding at the end
-      return self._cast(dt.float32)._split_reduce(op, axes)._cast(self.dtype)
-    keep = [i for i in range(self.ndim) if i not in axes]
-    red = prod(self.shape[a] for a in axes)
-    x = self.permute(*keep, *axes).reshape(*[self.shape[i] for i in keep], red)
-    parts = 1 << max(6, min(10, (red.bit_length() - 1) // 2))
-    chunk = -(-red // parts)
-    if chunk * parts != red:
-      ident = gn.reduce_identity(op, self.dtype)
-      x = x.pad((0, chunk * parts - red), value=ident)
-    x = x.reshape(*[self.shape[i] for i in keep], parts, chunk)
-    partial = x._prim("REDUCE", (op, (x.ndim - 1,)), gn.reduce(x.node, op, (x.ndim - 1,))).contiguous()
-    total = partial._prim("REDUCE", (op, (x.ndim - 2,)), gn.reduce(partial.node, op, (x.ndim - 2,)))
-    return total.reshape(tuple(1 if i in axes else s for i, s in enumerate(self.shape)))
 
   def sum(self, dim=None, keepdim: bool = False, dtype=None):
     dim = _all_if_empty(dim)

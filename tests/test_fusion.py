@@ -112,8 +112,8 @@ def test_full_sum_of_1e7_is_two_kernels_and_accurate(rng, dist):
 
 
 def test_x_times_full_sum_is_two_kernels(rng):
-  # big enough that the sum is not fused serially into the elementwise kernel (lower.SERIAL_OK), small
-  # enough not to be split in two (tensor.SPLIT_REDUCE_MIN)
+  # big enough that the sum is not fused serially into the elementwise kernel (rules.Params.serial_ok), small
+  # enough not to be split in two (rules.Params.split_min)
   x = randn(rng, 128, 128)
   tx = realized(x)
   out, t = run(lambda: tx * tx.sum())

@@ -11,9 +11,11 @@ a reduction does not depend on it, a LOOP axis (the reduction is computed once a
 and each reduction dim is a REDUCE axis. How it is then tiled, unrolled and vectorized is the
 optimizer's (codegen/opt) choice, made per device.
 
-The lowering also judges the fusion it was handed: if a reduction would be computed redundantly
-or would leave too little parallel work, it raises NeedsRealize naming the node that should get a
-kernel (and a buffer) of its own; the scheduler then cuts there (and records why).
+Lowering refuses only what the canonical kernel cannot express (a reduction evaluated at several indices:
+a kernel has one set of REDUCE axes per reduction): it raises NeedsRealize naming the node that must get a
+kernel (and a buffer) of its own. Whether a fusion it can express is worth its cost (work recomputed, too
+little parallel work) is decided by the scheduler's rules (schedule/rules.py), which read the facts that the
+first pass here gathers (`Fusion`) before the kernel is built.
 """
 from __future__ import annotations
 from fusegrad import dtype as dt
@@ -22,22 +24,7 @@ from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod, contiguous_strides
 from fusegrad.codegen.ir import (Gather, Load, Const, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, Axis, AxisKind,
                                  toposort, dependencies, round16, is_round16, EXACT_OPS)
-from fusegrad.codegen.opt import heuristic
 
-# a fused kernel must keep at least this many independent work items, unless the output is smaller
-MIN_PARALLEL = 64
-# ...but a kernel this small runs fused anyway: splitting it would cost more launches than it saves
-SERIAL_OK = 1 << 14
-# a reduction of at least this many elements, recomputed inside another reduction's loop, gets its own kernel
-NESTED_MIN = 8
-# a computed value broadcast by a view is recomputed for every element it is broadcast to; past
-# this many ALU ops it gets a buffer of its own instead (randn feeding a matmul, say)
-EXPAND_RECOMPUTE_OPS = 6
-
-
-# a computed operand of a register-blocked kernel is recomputed once per block of rows (the column operand)
-# or of columns (the row operand): past this many blocks it is stored instead
-BLOCK_RECOMPUTE = 16
 # transcendental functions cost several ALU ops (a polynomial, or a libm call)
 _OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF", "ATAN", "ATAN2")}
 # ...and for the work estimate (Kernel.cost) sin/cos/tan/atan are libm calls that do not vectorize
@@ -76,6 +63,7 @@ class _Builder:
     self.instances: dict[int, int] = {}   # id(node) -> how many different indices it was evaluated at
     self.nloop = 0
     self.broadcasts: list = []    # (source node, its value, elements it is broadcast to) of each broadcasting view
+    self.expanded: list = []      # computed sources of broadcasting views, in evaluation order (schedule rules judge them)
 
   def buf(self, n: Node) -> int:
     if id(n) not in self.input_pos:
@@ -100,22 +88,20 @@ class _Builder:
     if n.op == "IOTA" and not n.realized: return round16(Index(flat, valid, n.dtype))   # 2049 is no float16
     return Load(self.buf(n), flat, valid, n.dtype)
 
-  def check_operands(self, col: sym.Var, rows: int) -> None:
-    """The broadcast operands of a register-tiled reduction (a matmul's a and b; codegen/opt/heuristic decides
-    the tile: `rows` x the column axis `col`). The operand that varies along the columns is the vectorized inner
-    loop: it must be a plain stride-1 load. The other is computed once per block of columns: an expensive one
-    is stored once instead of recomputed per block."""
+  def operands(self, col: sym.Var) -> list:
+    """The broadcast operands of a register-tiled reduction (a matmul's a and b) whose tile's column axis is `col`:
+    (source node, its value varies along col, it is more than stride-1 loads along col, elements it is broadcast
+    to), for the schedule's rule on operands recomputed per block (schedule/rules.tile_operands)."""
+    out = []
     for src, val, bcast in self.broadcasts:
-      ops = _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS, _OP_COST)
-      if col in dependencies([val])[id(val)]:
+      along = col in dependencies([val])[id(val)]
+      strided = False
+      if along:
         loads = [x for x in toposort([val]) if isinstance(x, (Load, Gather))]
         strided = any(not isinstance(x, Load) or not x.valid.is_true or dict(x.idx.terms).get(col) not in (0, 1)
                       for x in loads)
-        # each element is recomputed once per block of the rows it is broadcast over
-        if strided or ops > EXPAND_RECOMPUTE_OPS or (ops and bcast // rows >= BLOCK_RECOMPUTE):
-          raise NeedsRealize(src, "a computed operand read across the vectorized column lanes")
-      elif ops > EXPAND_RECOMPUTE_OPS or (ops and bcast // (col.hi + 1) >= BLOCK_RECOMPUTE):
-        raise NeedsRealize(src, "a computed operand recomputed for every block of columns")
+      out.append((src, along, strided, bcast))
+    return out
 
   def _is_leaf(self, n: Node) -> bool:
     return (self.is_boundary(n) and n not in self.outputs) or n.op in ("CONST", "IOTA") or n.realized
@@ -127,9 +113,8 @@ class _Builder:
       src = n.src[0]
       if valid.false: return Const(n.dtype.np(0).item(), n.dtype)   # padding only: the source is not read
       if self._is_leaf(src): return self._leaf(src, flat, gate & valid)
-      if any(st == 0 and s > 1 for st, s in zip(n.arg.strides, n.arg.shape)) and \
-         _alu_count(src, self._is_leaf, EXPAND_RECOMPUTE_OPS) > EXPAND_RECOMPUTE_OPS:
-        raise NeedsRealize(src, "an expensive value broadcast by a view would be recomputed per element")
+      if any(st == 0 and s > 1 for st, s in zip(n.arg.strides, n.arg.shape)) and src not in self.expanded:
+        self.expanded.append(src)
       inner = self.ev(src, unravel(flat, src.shape), gate & valid)
       bcast = prod(sz for st, sz in zip(n.arg.strides, n.arg.shape) if st == 0)
       if bcast > 1: self.broadcasts.append((src, inner, bcast))
@@ -184,63 +169,81 @@ def _nodes_below(outputs: list[Node], is_leaf) -> list[Node]:
   return out
 
 
-def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
-  """Lower the nodes `outputs` (one shape, one device) into a Kernel; returns it and its input nodes."""
+class Fusion:
+  """What lowering's first pass found in a fused group: the facts the schedule's cost rules (schedule/rules.py)
+  judge before the kernel is built. Extents are element counts of loop variables."""
+
+  def __init__(self, outputs: list[Node], b: _Builder, vals: list, ovars: tuple, oidx: tuple):
+    self.outputs, self.b, self.vals, self.ovars, self.oidx = outputs, b, vals, ovars, oidx
+    self.is_leaf = b._is_leaf
+    self.numel = prod(outputs[0].shape)
+    self.deps = deps = dependencies(vals)
+    self.out_vars = out_vars = {v for v in ovars if v is not None}
+    self.reduces = reduces = [(inst[0][0], inst[0][1]) for inst in b.reduce_instances.values()]
+    gset = set(out_vars)
+    for _, r in reduces: gset &= deps[id(r)]
+    self.gset = gset
+    # computed sources of broadcasting views, and the non-reduction nodes evaluated at several indices
+    self.expanded: list[Node] = b.expanded
+    self.repeated = [n for n in _nodes_below(outputs, b._is_leaf) if b.instances.get(id(n), 0) > 1 and n.op != "REDUCE"]
+    # (inner reduction node, its loop extent, the extent of the outer loop vars it depends on) for each reduction
+    # evaluated inside another's loop (it runs again in each of those iterations)
+    node_of = {id(r): n for n, r in reduces}
+    self.nested = []
+    for _, r in reduces:
+      for x in toposort([r.src]):
+        if isinstance(x, Reduce) and x is not r and not any(node_of[id(x)] is o for o in outputs):
+          self.nested.append((node_of[id(x)], _extent(x.loops), _extent(deps[id(x)] & set(r.loops))))
+    # parallel work: the extent of the dims every reduction depends on (GLOBAL), of all output dims, and per
+    # reduction that is not an output the extent of the output dims it depends on
+    self.parallel, self.full = _extent(gset), _extent(out_vars)
+    self.inner = [(n, _extent(deps[id(r)] & out_vars)) for n, r in reduces if not any(n is o for o in outputs)]
+
+  def operands(self, col: sym.Var) -> list: return self.b.operands(col)
+
+
+def _extent(vs) -> int: return prod(v.hi + 1 for v in vs)
+
+
+def analyze(outputs: list[Node], is_boundary) -> Fusion:
+  """Lowering's first pass over the nodes `outputs` (one shape, one device): each node evaluated at its index.
+  Raises NeedsRealize where the fusion cannot be expressed as one kernel."""
   shape = outputs[0].shape
   ovars = tuple(sym.Var(f"o{d}", 0, s - 1) if s > 1 else None for d, s in enumerate(shape))
   oidx = tuple(sym.lin(v) if v is not None else sym.const(0) for v in ovars)
-
-  # pass 1: build with one variable per output dim, to decide which dims run in parallel
   b = _Builder(outputs, is_boundary)
   vals = [b.ev(n, oidx, sym.TRUE) for n in outputs]
+  # the canonical kernel has one set of REDUCE axes per reduction
   for nid, inst in b.reduce_instances.items():
-    if len(inst) > 1: raise NeedsRealize(inst[0][0], "reduction evaluated at several indices")
-  for n in _nodes_below(outputs, b._is_leaf):
-    if b.instances.get(id(n), 0) > 1 and n.op != "REDUCE" and \
-       _alu_count(n, b._is_leaf, EXPAND_RECOMPUTE_OPS) > EXPAND_RECOMPUTE_OPS:
-      raise NeedsRealize(n, "an expensive value would be computed at several indices")
-  deps = dependencies(vals)
-  out_vars = {v for v in ovars if v is not None}
-  reduces = [(inst[0][0], inst[0][1]) for inst in b.reduce_instances.values()]
-  gset = set(out_vars)
-  for _, r in reduces: gset &= deps[id(r)]
-  extent = lambda vs: prod(v.hi + 1 for v in vs)
-  # a reduction recomputed in every iteration of another's loop ((a @ b).sum()) runs serially and unblocked;
-  # stored by a kernel of its own it gets the parallel dims and register blocking a matmul needs
-  node_of = {id(r): n for n, r in reduces}
-  for _, r in reduces:
-    for x in toposort([r.src]):
-      if isinstance(x, Reduce) and x is not r and not any(node_of[id(x)] is o for o in outputs):
-        per = deps[id(x)] & set(r.loops)
-        if extent(x.loops) >= NESTED_MIN and extent(x.loops) * extent(per) >= SERIAL_OK:
-          raise NeedsRealize(node_of[id(x)], "a reduction recomputed in every iteration of another's loop")
-  if reduces and extent(gset) < min(MIN_PARALLEL, prod(shape)) and extent(gset) < extent(out_vars) and \
-     prod(shape) >= SERIAL_OK:
-    # too little parallel work: give the reduction that depends on the fewest dims its own kernel (an output
-    # of this kernel already is one: its dims it does not depend on become loops, there is no better cut)
-    inner = [nr for nr in reduces if not any(nr[0] is o for o in outputs)]
-    if inner:
-      n, _ = min(inner, key=lambda nr: extent(deps[id(nr[1])] & out_vars))
-      raise NeedsRealize(n, "fusing this reduction leaves too little parallel work")
+    if len(inst) > 1: raise NeedsRealize(inst[0][0], "structural: a reduction evaluated at several indices")
+  return Fusion(outputs, b, vals, ovars, oidx)
 
-  # the canonical kernel: parallel dims GLOBAL, the others LOOP (in output order), then the reductions' axes
+
+def build(f: Fusion) -> tuple[Kernel, list[Node]]:
+  """The canonical kernel of an analyzed fusion: parallel dims GLOBAL, the others LOOP (in output order), then
+  the reductions' axes. Returns it and its input nodes."""
+  b, vals, ovars, oidx, gset, reduces = f.b, f.vals, f.ovars, f.oidx, f.gset, f.reduces
+  shape = f.outputs[0].shape
   gvars = tuple(v for v in ovars if v in gset)
-  gsize = extent(gvars)
+  gsize = _extent(gvars)
   axes = [Axis(v, AxisKind.GLOBAL if v in gset else AxisKind.LOOP) for v in ovars if v is not None]
   for _, r in reduces: axes += [Axis(v, AxisKind.REDUCE) for v in r.loops]
   flat_out = ravel(oidx, shape)
   # a store of a 16-bit float rounds by itself: the value's own round16 would be done twice
   stores = tuple(Store(i, flat_out, v.src[0] if is_round16(v) else v) for i, v in enumerate(vals))
-  bufs = tuple(BufferArg(n.dtype, n.numel, True) for n in outputs) + \
+  bufs = tuple(BufferArg(n.dtype, n.numel, True) for n in f.outputs) + \
          tuple(BufferArg(n.dtype, n.numel, False) for n in b.inputs)
   kind = "r" if reduces else "E"
   name = f"{kind}_{'_'.join(str(s) for s in shape) or 'scalar'}"
   flops, weighted = _estimate_flops(vals, gsize, gvars)
   k = Kernel(name, bufs, tuple(axes), stores, flops, cost=weighted + sum(b.size for b in bufs))
-  # a register tile recomputes a computed operand once per block: the heuristic's tile decides what is stored
-  tile = heuristic.register_tile(k)
-  if tile: b.check_operands(next(v for v, _ in reversed(tile) if v is not None), heuristic.ROW_LANES)
   return k, b.inputs
+
+
+def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
+  """Lower the nodes `outputs` (one shape, one device) into a Kernel, whatever it costs (the scheduler asks its
+  rules first: schedule.lower_cached); returns it and its input nodes."""
+  return build(analyze(outputs, is_boundary))
 
 
 def _estimate_flops(vals, gsize: int, gvars: tuple) -> tuple[int, int]:

@@ -1,9 +1,11 @@
 """Fusion: cut the graph behind some nodes into as few kernels as possible.
 
 A node gets a kernel (and a buffer) of its own only when it must: it was asked for, it is a
-CONTIGUOUS or a COPY boundary, or fusing it would cost work — a reduction that several kernels
-need, or one the lowering refuses (codegen/lower.py says why). Everything else — elementwise
-chains, views, reductions and what follows them — is inlined into the kernel that consumes it.
+CONTIGUOUS or a COPY boundary, one kernel cannot express the fusion (lowering refuses: codegen/lower.py), or
+fusing it would cost work — a reduction that several kernels need, or a cost rule of schedule/rules.py (a big
+reduction recomputed in another's loop, a value recomputed per element, too little parallel work). Everything
+else — elementwise chains, views, reductions and what follows them — is inlined into the kernel that consumes it.
+Each cut records its rule and reason (`ScheduleItem.why`).
 """
 from __future__ import annotations
 import heapq
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from fusegrad import config
 from fusegrad.graph import ops
 from fusegrad.graph.node import Node
-from fusegrad.codegen.lower import lower, NeedsRealize
+from fusegrad.codegen.lower import analyze, build, NeedsRealize
+from fusegrad.schedule import rules
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
 
 # Threads: realize reads nodes (realized or not, their sources) while it builds a schedule, and another
@@ -128,7 +131,7 @@ def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   hit = _lower_cache.get(key)
   if hit is None:
     try:
-      k, ins = lower(roots, is_boundary)
+      k, ins = _lower_judged(roots, is_boundary)
       pos = {id(x): i for i, x in enumerate(inputs)}
       hit = ("ok", k, tuple(pos[id(x)] for x in ins))
     except NeedsRealize as e:
@@ -141,6 +144,20 @@ def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   return hit[1], [inputs[i] for i in hit[2]]
 
 
+def _lower_judged(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
+  """Lower roots unless the fusion cannot be expressed (lowering's refusal) or a cost rule cuts it: either raises
+  NeedsRealize naming the node to cut, with the reason for the log."""
+  f = analyze(roots, is_boundary)
+  p = rules.params(roots[0].device)
+  cut = rules.judge(f, p)
+  if cut is None:
+    k, ins = build(f)
+    hit = rules.tile_operands(f, k, p)
+    if hit is None: return k, ins
+    cut = hit[0], rules.reason("tile_operands", hit[1])
+  raise NeedsRealize(*cut)
+
+
 # whole schedules by the structure of the graph behind the roots: a training step rebuilds the same
 # graph every iteration, and its cuts, kernels and buffer wiring are decided once
 SCHEDULE_CACHE_SIZE = 256
@@ -149,11 +166,18 @@ _schedule_cache: "OrderedDict[tuple, CachedSchedule]" = OrderedDict()
 
 class CachedSchedule:
   """A schedule stored by structure: each item as positions in the signature walk's node list, and the plan that
-  engine/realize.py builds on its first run (the compiled kernels and their buffer wiring, replayed from then on)."""
-  __slots__ = ("entries", "plan")
+  engine/realize.py builds on its first run (the compiled kernels and their buffer wiring, replayed from then on).
+  A rewrite (rules.split_reductions) adds nodes of its own: their positions follow the walk's, and `extra` keeps
+  what stands in for each on a later hit (its op, dtype, shape and device: a buffer to allocate, nothing else)."""
+  __slots__ = ("entries", "plan", "extra")
 
-  def __init__(self, entries: list):
-    self.entries, self.plan = entries, None
+  def __init__(self, entries: list, extra: tuple = ()):
+    self.entries, self.plan, self.extra = entries, None, extra
+
+  def extend(self, nodes: list[Node]) -> list[Node]:
+    """The walk's nodes, then a stand-in for each node the rewrite made."""
+    if not self.extra: return nodes
+    return nodes + [Node(op, d, (), None, shape, dev) for op, d, shape, dev in self.extra]
 
   def items(self, nodes: list[Node]) -> list[ScheduleItem]:
     return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why)
@@ -174,23 +198,37 @@ def schedule(roots: list[Node]) -> tuple[list[ScheduleItem] | None, CachedSchedu
   if hit is not None:
     stats["schedule_hits"] += 1
     _schedule_cache.move_to_end(key)
+    nodes = hit.extend(nodes)
     return (None if hit.plan is not None else hit.items(nodes)), hit, nodes
   stats["schedule_misses"] += 1
-  items = _create_schedule(roots)
+  # graph rewrites first (a big reduction into few outputs becomes two): the schedule is made for the rewritten
+  # graph, and each item then names the original node wherever a new one replaced it
+  new_roots, back, cuts = rules.split_reductions(roots)
+  items = _create_schedule(new_roots, cuts)
+  if back:
+    orig = lambda xs: [back.get(id(x), x) for x in xs]
+    items = [ScheduleItem(it.kind, orig(it.outputs), orig(it.inputs), it.kernel, it.why) for it in items]
   if config.DEBUG >= 3:
     for it in items: print(f"schedule: {it.kind.lower()} {it.outputs[0].op} {list(it.outputs[0].shape)}: {it.why}")
   pos = {id(n): i for i, n in enumerate(nodes)}
+  extra = []
+  for it in items:   # outputs outside the walk: nodes the rewrite made (the partial results of a split)
+    for o in it.outputs:
+      if id(o) not in pos:
+        pos[id(o)] = len(nodes) + len(extra)
+        extra.append(o)
   try:
     entry = CachedSchedule([(it.kind, tuple(pos[id(o)] for o in it.outputs), tuple(pos[id(x)] for x in it.inputs),
-                             it.kernel, it.why) for it in items])
+                             it.kernel, it.why) for it in items], tuple((o.op, o.dtype, o.shape, o.device) for o in extra))
   except KeyError:    # an item refers to a node outside the walked graph: do not cache this one
-    return items, None, nodes
+    return items, None, nodes + extra
   _schedule_cache[key] = entry
   if len(_schedule_cache) > SCHEDULE_CACHE_SIZE: _schedule_cache.popitem(last=False)
-  return items, entry, nodes
+  return items, entry, nodes + extra
 
 
-def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:
+def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> list[ScheduleItem]:
+  """The kernels computing roots; `cuts`: node ids a rewrite already cut, with their reasons."""
   order: list[Node] = []
   seen = set()
   for r in roots:
@@ -199,12 +237,18 @@ def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:
         seen.add(id(n)); order.append(n)
   # why each cut node has a kernel of its own: the "why not fused" log
   why: dict[int, str] = {id(r): "requested" for r in roots}
+  for x, w in (cuts or {}).items(): why.setdefault(x, w)
   for n in order:
     if n.realized: continue
-    if n.op in ("CONTIGUOUS", "COPY"): why.setdefault(id(n), f"{n.op.lower()} is a kernel boundary")
+    if n.op in ("CONTIGUOUS", "COPY"): why.setdefault(id(n), rules.reason("boundary", f"{n.op.lower()} is a kernel boundary"))
     if n.op in ("COPY", "GATHER") and not n.src[0].realized:
-      why.setdefault(id(n.src[0]), f"a {n.op.lower()} reads it from memory")
+      why.setdefault(id(n.src[0]), rules.reason("gather_source" if n.op == "GATHER" else "boundary",
+                                                f"a {n.op.lower()} reads it from memory"))
   cut = set(why)
+  # graph rules, in one pass before any lowering: a big reduction feeding another's loop is stored
+  for x, w in rules.nested_reduction_cuts(order, lambda n: id(n) in cut).values():
+    why.setdefault(id(x), w)
+    cut.add(id(x))
 
   is_boundary = lambda n: id(n) in cut or n.realized
   consumers: dict[int, list] = {}
@@ -259,14 +303,16 @@ def _create_schedule(roots: list[Node]) -> list[ScheduleItem]:
         if x in cut: continue
         e = _epilogue_end(byid[x], consumers, cut)
         if id(e) not in cut:
-          why[id(e)] = f"a reduction {len(member_of[x])} kernels read" + ("" if e is byid[x] else " (stored after its epilogue)")
+          why[id(e)] = rules.reason("shared_reduction", f"a reduction {len(member_of[x])} kernels read" +
+                                    ("" if e is byid[x] else " (stored after its epilogue)"))
           cut.add(id(e)); new.append(e)
       touched = add_cuts(new)
 
   kernels = [n for n in order if id(n) in cut]
   for n in kernels: walk(n)
   share_reductions(kernels)
-  # lower the kernels in graph order; a refusal cuts the node it names and re-lowers only what that changed
+  # lower the kernels in graph order; a refusal (lowering's, or a cost rule's on what lowering's first pass found)
+  # cuts the node it names and re-lowers only what that changed
   while todo:
     n = order[heapq.heappop(todo)]
     if id(n) in lowered or n.op == "COPY" or n.numel == 0: continue

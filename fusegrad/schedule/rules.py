@@ -1,0 +1,236 @@
+"""The scheduler's cost rules: where fusing would cost more than a kernel boundary saves, cut.
+
+Lowering (codegen/lower.py) refuses only what one kernel cannot express. Everything it can express is fused
+unless a rule here says otherwise; each rule returns the node to cut and its reason, and the reason goes into
+the schedule's "why not fused" log (`ScheduleItem.why`, printed by FUSEGRAD_DEBUG=3) as "<rule>: <reason>".
+Rules read a device's parameters (`Params`, a per-device table) so a device may trade launches for
+parallelism differently.
+
+Three kinds, by what they read:
+- graph rewrites, before any cut (`split_reductions`: a big reduction into few outputs becomes two kernels);
+- graph rules over the whole graph in one pass, before lowering (`nested_reduction_cuts`: a matmul feeding a
+  reduction is stored);
+- fusion rules over what lowering's first pass found in one fused group (`lower.Fusion`: which indices each node
+  was evaluated at, which dims run in parallel), applied before its kernel is built (`FUSION_RULES`), and after it
+  for the register tile the optimizer will pick (`tile_operands`).
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from fusegrad import dtype as dt
+from fusegrad.graph import node as gn
+from fusegrad.graph.node import Node
+from fusegrad.graph.view import prod
+from fusegrad.codegen.lower import Fusion, _alu_count, _OP_COST
+from fusegrad.codegen.ir import Kernel
+from fusegrad.codegen.opt import heuristic
+
+
+@dataclass(frozen=True)
+class Params:
+  # a fused kernel must keep at least this many independent work items, unless the output is smaller...
+  min_parallel: int = 64
+  # ...but a kernel this small runs fused anyway: splitting it would cost more launches than it saves
+  serial_ok: int = 1 << 14
+  # a reduction of at least this many elements, recomputed inside another reduction's loop, gets its own kernel
+  nested_min: int = 8
+  # a computed value broadcast by a view (or read at several indices) is recomputed for each read; past this many
+  # ALU ops it gets a buffer of its own instead (randn feeding a matmul, say)
+  recompute_ops: int = 6
+  # a computed operand of a register-blocked kernel is recomputed once per block of rows (the column operand)
+  # or of columns (the row operand): past this many blocks it is stored instead
+  block_recompute: int = 16
+  # a reduction of at least this many elements into fewer than split_outputs outputs is split in two kernels
+  # (many partial results in parallel, then the total)
+  split_min: int = 1 << 15
+  split_outputs: int = 64
+  # the number of partial results of a split: 2**(log2(elements)/2) clamped to these powers of two
+  split_parts_log2: tuple = (6, 10)
+
+
+# per device (the part of a device name before ':'); one table for now: the values were measured on CPUs and
+# kept for OPENCL and PYTHON so every device computes the same schedule (and the same rounding of big sums)
+DEVICE_PARAMS: dict[str, Params] = {"CPU": Params(), "OPENCL": Params(), "PYTHON": Params()}
+DEFAULT = Params()
+
+
+def params(device: str) -> Params:
+  return DEVICE_PARAMS.get(device.split(":")[0].upper(), DEFAULT)
+
+
+def reason(rule: str, why: str) -> str:
+  """The log entry of a cut: the rule's name, then why."""
+  return f"{rule}: {why}"
+
+
+# names that start every cut's reason in the log (besides "requested": the caller asked for the node)
+RULES = ("boundary", "gather_source", "shared_reduction", "split_reduce", "nested_reduction", "broadcast_recompute",
+         "index_recompute", "parallel_work", "tile_operands", "structural")
+
+
+# ---- graph rewrite: split a big reduction ---------------------------------------------------------------------
+
+def wants_split(n: Node, p: Params) -> bool:
+  op, axes = n.arg
+  src = n.src[0]
+  return prod(src.shape[a] for a in axes) >= p.split_min and n.numel < p.split_outputs
+
+
+def split(n: Node, p: Params) -> tuple[Node, Node]:
+  """REDUCE n as two reductions: the source, its reduced axes flattened last and padded with the identity, as
+  [kept..., parts, chunk] reduced over chunk into a stored [kept..., parts, 1] (the partial results, in
+  parallel), then over parts. A 16-bit sum or product accumulates in float32 across both and rounds once.
+  Returns (the node computing n's value, the node to cut: the partial results)."""
+  op, axes = n.arg
+  src = n.src[0]
+  if op in ("SUM", "PROD") and src.dtype in (dt.float16, dt.bfloat16):
+    total, partial = split(gn.make("REDUCE", dt.float32, (gn.cast(src, dt.float32),), n.arg, n.shape, n.device), p)
+    return gn.cast(total, n.dtype), partial
+  keep = [i for i in range(len(src.shape)) if i not in axes]
+  kept = [src.shape[i] for i in keep]
+  red = prod(src.shape[a] for a in axes)
+  x = gn.movement(gn.movement(src, "PERMUTE", tuple(keep) + tuple(axes)), "RESHAPE", tuple(kept) + (red,))
+  lo, hi = p.split_parts_log2
+  parts = 1 << max(lo, min(hi, (red.bit_length() - 1) // 2))
+  chunk = -(-red // parts)
+  if chunk * parts != red:
+    pad = ((0, 0),) * len(kept) + ((0, chunk * parts - red),)
+    x = gn.movement(x, "PAD", pad)
+    ident = gn.reduce_identity(op, src.dtype)
+    if ident != 0:
+      mask = gn.movement(gn.const(True, dt.bool_, tuple(kept) + (red,), src.device), "PAD", pad)
+      x = gn.alu("WHERE", mask, x, gn.const(ident, src.dtype, x.shape, src.device))
+  x = gn.movement(x, "RESHAPE", tuple(kept) + (parts, chunk))
+  partial = gn.contiguous(gn.reduce(x, op, (len(kept) + 1,)))
+  total = gn.reduce(partial, op, (len(kept),))
+  return gn.movement(total, "RESHAPE", n.shape), partial
+
+
+def split_reductions(roots: list[Node]) -> tuple[list[Node], dict[int, Node], dict[int, str]]:
+  """The graph behind roots with every reduction that `wants_split` split in two: (the new roots, the original
+  node of each new node that replaces one, and the cuts the rewrite makes with their reasons). Nodes above a
+  split reduction are rebuilt on its replacement; the rest of the graph is shared. No split: roots unchanged."""
+  order, seen, want = [], set(), False
+  stack = list(roots)
+  while stack:   # the unrealized graph, and whether anything in it splits
+    n = stack.pop()
+    if id(n) in seen or n.realized: continue
+    seen.add(id(n)); order.append(n); stack.extend(n.src)
+    if n.op == "REDUCE" and wants_split(n, params(n.device)): want = True
+  if not want: return roots, {}, {}
+  order.sort(key=lambda n: n.seq)   # sources first
+  new: dict[int, Node] = {}
+  back: dict[int, Node] = {}
+  cuts: dict[int, str] = {}
+  for n in order:
+    src = tuple(new.get(id(s), s) for s in n.src)
+    m = n if all(a is b for a, b in zip(src, n.src)) else gn.make(n.op, n.dtype, src, n.arg, n.shape, n.device)
+    if m.op == "REDUCE" and wants_split(m, params(m.device)):
+      red = prod(m.src[0].shape[a] for a in m.arg[1])
+      m, partial = split(m, params(m.device))
+      cuts[id(partial)] = reason("split_reduce", f"the partial results of a reduction of {red} elements into {n.numel}, "
+                                                 "computed in parallel")
+    if m is not n:
+      new[id(n)] = m
+      back.setdefault(id(m), n)
+  return [new.get(id(r), r) for r in roots], back, cuts
+
+
+# ---- graph rule: a reduction's source that is itself a big reduction (a matmul feeding a sum) -------------------
+
+def _reads_once(n: Node) -> bool:
+  """A view that reads each element of its source at most once (a permute, reshape or shrink: no broadcast,
+  no padding), so the index of its source depends on every index of its own."""
+  v = n.arg
+  return n.src[0].op != "VIEW" and v.mask is None and all(st != 0 or s == 1 for st, s in zip(v.strides, v.shape)) and \
+    len({st for st, s in zip(v.strides, v.shape) if s > 1}) == sum(1 for s in v.shape if s > 1)
+
+
+def nested_reduction_cuts(order: list[Node], is_cut) -> dict[int, tuple[Node, str]]:
+  """One pass over the graph (sources first): a reduction R whose source reaches another reduction X through
+  elementwise ops and views that read each element once recomputes X in every iteration of its loop, serially
+  and without the blocking a matmul needs ((a @ b).sum()). Cut X when X reduces at least `nested_min` elements
+  and R's loop makes its work at least `serial_ok`: stored by its own kernel X runs as a matmul and R reads it.
+  (Lowering's facts judge the same case where views are more complex: `nested_reduction`.)"""
+  cuts: dict[int, tuple[Node, str]] = {}
+  for r in order:
+    if r.op != "REDUCE" or r.realized: continue
+    p = params(r.device)
+    red_r = prod(r.src[0].shape[a] for a in r.arg[1])
+    stack, seen = [r.src[0]], set()
+    while stack:
+      x = stack.pop()
+      if id(x) in seen or x.realized or is_cut(x) or id(x) in cuts: continue
+      seen.add(id(x))
+      if x.op == "REDUCE":
+        red_x = prod(x.src[0].shape[a] for a in x.arg[1])
+        if red_x >= p.nested_min and red_x * red_r >= p.serial_ok:
+          cuts[id(x)] = (x, reason("nested_reduction", "a reduction recomputed in every iteration of another's loop"))
+        continue
+      if x.op == "VIEW" and not _reads_once(x): continue
+      if x.op in ("CAST", "CONTIGUOUS", "VIEW") or (x.op not in ("GATHER", "COPY", "CONST", "IOTA", "BUFFER")
+                                                      and all(s.shape == x.shape for s in x.src)):
+        stack.extend(x.src)
+  return cuts
+
+
+# ---- fusion rules: over what lowering's first pass found -------------------------------------------------------
+
+def broadcast_recompute(f: Fusion, p: Params):
+  """A computed value broadcast by a view is recomputed for every element it is broadcast to."""
+  for src in f.expanded:
+    if _alu_count(src, f.is_leaf, p.recompute_ops) > p.recompute_ops:
+      return src, "an expensive value broadcast by a view would be recomputed per element"
+
+
+def index_recompute(f: Fusion, p: Params):
+  """A value read at several indices (a shifted copy of itself: x[1:] + x[:-1]) is computed once per index."""
+  for n in f.repeated:
+    if _alu_count(n, f.is_leaf, p.recompute_ops) > p.recompute_ops:
+      return n, "an expensive value would be computed at several indices"
+
+
+def nested_reduction(f: Fusion, p: Params):
+  """A reduction evaluated inside another's loop runs again in every iteration of the loop dims its index
+  depends on ((a @ b).sum(): the matmul, serially and unblocked); stored by a kernel of its own it gets the
+  parallel dims and register blocking a matmul needs."""
+  for n, inner, per in f.nested:
+    if inner >= p.nested_min and inner * per >= p.serial_ok:
+      return n, "a reduction recomputed in every iteration of another's loop"
+
+
+def parallel_work(f: Fusion, p: Params):
+  """The dims every reduction depends on run in parallel; the others become loops inside a work item. Too few
+  parallel items (and enough work to matter): give the reduction that depends on the fewest dims its own kernel
+  (an output of the kernel already is one: its other dims become loops, there is no better cut)."""
+  if f.reduces and f.parallel < min(p.min_parallel, f.numel) and f.parallel < f.full and f.numel >= p.serial_ok \
+     and f.inner:
+    n, _ = min(f.inner, key=lambda ne: ne[1])
+    return n, "fusing this reduction leaves too little parallel work"
+
+
+# in the order they are asked (the first that cuts wins; the group is analyzed again with the cut)
+FUSION_RULES = (broadcast_recompute, index_recompute, nested_reduction, parallel_work)
+
+
+def tile_operands(f: Fusion, k: Kernel, p: Params):
+  """The register tile the optimizer picks for k (codegen/opt/heuristic) recomputes a computed operand once per
+  block: the operand along the tile's columns (the vectorized inner loop) must be plain stride-1 loads, and an
+  expensive operand, or a cheap one recomputed for many blocks, is stored once instead."""
+  tile = heuristic.register_tile(k)
+  if not tile: return None
+  col, rows = next(v for v, _ in reversed(tile) if v is not None), heuristic.ROW_LANES
+  for src, along, strided, bcast in f.operands(col):
+    ops = _alu_count(src, f.is_leaf, p.recompute_ops, _OP_COST)
+    if along:
+      if strided or ops > p.recompute_ops or (ops and bcast // rows >= p.block_recompute):
+        return src, "a computed operand read across the vectorized column lanes"
+    elif ops > p.recompute_ops or (ops and bcast // (col.hi + 1) >= p.block_recompute):
+      return src, "a computed operand recomputed for every block of columns"
+
+
+def judge(f: Fusion, p: Params):
+  """(node, reason) of the first fusion rule that cuts this group before its kernel is built, or None."""
+  for rule in FUSION_RULES:
+    hit = rule(f, p)
+    if hit is not None: return hit[0], reason(rule.__name__, hit[1])
+  return None

@@ -1,0 +1,217 @@
+"""The scheduler's cost rules (fusegrad/schedule/rules.py): a matmul feeding a reduction is stored, a big
+reduction into few outputs is split in two kernels (a scheduler rewrite), and every cut names the rule that made
+it in the "why not fused" log. Kernel counts on the CPU device, values against numpy."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import fusegrad as fg
+from fusegrad import config
+from fusegrad.schedule import rules
+from fusegrad.schedule import schedule as S
+
+DEV = "CPU"
+
+
+def realized(arr: np.ndarray, device: str = DEV) -> fg.Tensor:
+  return fg.tensor(np.ascontiguousarray(arr), device=device).realize()
+
+
+def randn(rng, *shape) -> np.ndarray: return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture
+def fresh_caches():
+  """Schedules and lowerings made from scratch (and none left behind that a patched rule decided)."""
+  S._schedule_cache.clear(); S._lower_cache.clear()
+  yield
+  S._schedule_cache.clear(); S._lower_cache.clear()
+
+
+# ---- a matmul feeding a reduction -------------------------------------------------------------------------------
+
+# 128x192 @ 192x128: 16384 products (too few for a split), each a 192-element dot product
+MATMUL_REDUCTIONS = {
+  "sum": (lambda m: m.sum(), lambda m: m.sum()),
+  "sum(0)": (lambda m: m.sum(0), lambda m: m.sum(0)),
+  "mean(1)": (lambda m: m.mean(1), lambda m: m.mean(1)),
+}
+
+
+@pytest.mark.parametrize("name", list(MATMUL_REDUCTIONS))
+def test_reduction_of_a_matmul_is_two_kernels(rng, name, fresh_caches):
+  fn, ref = MATMUL_REDUCTIONS[name]
+  a, b = randn(rng, 128, 192), randn(rng, 192, 128)
+  ta, tb = realized(a), realized(b)
+  S.stats.update(lower_calls=0)
+  with fg.track() as t:
+    out = fn(ta @ tb).numpy()
+  assert len(t.kernels) == 2, [k.name for k in t.kernels]
+  # the cut is decided by one pass over the graph before lowering: each kernel is lowered once
+  assert S.stats["lower_calls"] == 2, S.stats
+  # the matmul runs as a matmul: most of the work in a kernel with many parallel work items
+  mm = max(t.kernels, key=lambda k: k.flops)
+  assert mm.flops >= 2 * 128 * 192 * 128 and np.prod(mm.global_size) >= 64, (mm.name, mm.global_size)
+  want = ref(a.astype(np.float64) @ b)
+  np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-2 if name == "sum" else 1e-3)
+
+
+def test_matmul_reduction_work_is_bounded(rng, fresh_caches):
+  """Fused, (a @ b).sum() ran all of the matmul in one work item; cut, no kernel does more than a few dot products
+  per work item, and the kernels' work adds up to about the matmul's."""
+  n, k = 256, 256
+  a, b = randn(rng, n, k), randn(rng, k, n)
+  ta, tb = realized(a), realized(b)
+  for fn in (lambda m: m.sum(), lambda m: m.sum(0), lambda m: m.mean(1)):
+    with fg.track() as t:
+      out = fn(ta @ tb).numpy()
+    total = sum(r.flops for r in t.kernels)
+    assert total <= 1.1 * (2 * n * k * n), total
+    for r in t.kernels:
+      assert r.flops / np.prod(r.global_size) <= 64 * 2 * k, (r.name, r.flops, r.global_size)
+    np.testing.assert_allclose(out, fn(a.astype(np.float64) @ b), rtol=1e-4, atol=2e-2)
+
+
+def test_small_nested_reduction_stays_fused(rng, fresh_caches):
+  # a 4-element dot product summed over 16 rows: recomputing is cheaper than a second kernel
+  c, d = randn(rng, 16, 4), randn(rng, 4, 3)
+  tc, td = realized(c), realized(d)
+  with fg.track() as t:
+    out = (tc @ td).sum(0).numpy()
+  assert len(t.kernels) == 1
+  np.testing.assert_allclose(out, (c.astype(np.float64) @ d).sum(0), rtol=1e-5, atol=1e-5)
+
+
+# ---- split reduce: a scheduler rewrite --------------------------------------------------------------------------
+
+def test_big_sum_is_two_kernels_small_sum_one(rng, fresh_caches):
+  x = rng.random(1 << 22, dtype=np.float32)
+  tx = realized(x)
+  for _ in range(2):   # the second realize replays the cached schedule (the partial results' buffer included)
+    with fg.track() as t:
+      got = tx.sum().item()
+    assert len(t.kernels) == 2
+    assert abs(got - x.astype(np.float64).sum()) <= 1e-6 * x.astype(np.float64).sum(), got
+  fg.realize(tx.sum())          # the replay path without tracking (Plan.run)
+  assert np.isclose(tx.sum().item(), x.astype(np.float64).sum(), rtol=1e-6)
+  y = rng.random(1000, dtype=np.float32)
+  ty = realized(y)
+  with fg.track() as t:
+    got = ty.sum().item()
+  assert len(t.kernels) == 1
+  assert np.isclose(got, y.astype(np.float64).sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+def test_split_half_sum_accumulates_in_float32(rng, dtype, fresh_caches):
+  # 16-bit partial results would lose much of the sum (about 1640, where float16's spacing is 1 and bfloat16's 8):
+  # float32 across both kernels, one rounding at the end
+  x = (rng.random(1 << 16, dtype=np.float32) / 20).astype(np.float32)
+  if dtype == "bfloat16":
+    t = realized(x).to(fg.bfloat16)
+    xs = t.float().numpy().astype(np.float64)
+  else:
+    xs = x.astype(np.float16)
+    t = realized(xs)
+    xs = xs.astype(np.float64)
+  with fg.track() as tr:
+    s = t.sum()
+    got = s.float().item()
+  assert s.dtype == (fg.bfloat16 if dtype == "bfloat16" else fg.float16)
+  assert len(tr.kernels) == 2
+  want = xs.sum()
+  assert 1024 < want < 2048
+  assert abs(got - want) <= (8 if dtype == "bfloat16" else 1) / 2 + 1e-3, (got, want)
+
+
+def test_split_max_pads_with_the_identity(rng, fresh_caches):
+  # 40007 elements do not divide into the partial results: the padding must not win a max of negative values
+  x = -1 - rng.random(40007, dtype=np.float32)
+  tx = realized(x)
+  with fg.track() as t:
+    got = tx.max().item(), tx.amin().item(), tx.sum().item()
+  assert len(t.kernels) == 6
+  assert got[0] == x.max() and got[1] == x.min()
+  assert np.isclose(got[2], x.astype(np.float64).sum(), rtol=1e-6)
+
+
+def test_split_keeps_outputs_and_integers(rng, fresh_caches):
+  # 4 outputs of 2**15 elements each, reduced over a middle axis, in int64 (an int32 input sums as int64)
+  x = rng.integers(-1000, 1000, (2, 1 << 15, 2)).astype(np.int32)
+  tx = realized(x)
+  with fg.track() as t:
+    got = tx.sum(1).numpy()
+  assert len(t.kernels) == 2
+  assert got.dtype == np.int64
+  np.testing.assert_array_equal(got, x.astype(np.int64).sum(1))
+
+
+def test_split_is_device_parameterized(rng, fresh_caches, monkeypatch):
+  x = rng.random(1 << 16, dtype=np.float32)
+  tx = realized(x)
+  monkeypatch.setitem(rules.DEVICE_PARAMS, "CPU", rules.Params(split_min=1 << 20))
+  with fg.track() as t:
+    got = tx.sum().item()
+  assert len(t.kernels) == 1
+  assert np.isclose(got, x.astype(np.float64).sum(), rtol=1e-5)
+
+
+def test_split_sum_backward(rng, fresh_caches):
+  x = rng.random((4, 1 << 14), dtype=np.float32)
+  tx = fg.tensor(x, requires_grad=True)
+  (tx * tx).sum().backward()
+  np.testing.assert_allclose(tx.grad.numpy(), 2 * x, rtol=1e-6)
+
+
+# ---- the "why not fused" log ------------------------------------------------------------------------------------
+
+def _graphs(rng):
+  t = lambda *s: realized(randn(rng, *s))
+  a, b, x = t(128, 192), t(192, 128), t(64, 96)
+  big = realized(rng.random(1 << 16, dtype=np.float32))
+  h = (x @ t(96, 64) + t(64)).relu()
+  return [
+    [(a @ b).sum()],                                   # nested_reduction
+    [big.sum(), big * big.sum()],                      # split_reduce
+    [h @ t(64, 32), h.sum(0)],                         # shared_reduction
+    [(x * 2).contiguous().exp()],                      # boundary
+    [x.softmax(-1)],
+    [fg.randn(64, 64, device=DEV) @ t(64, 64)],        # broadcast/tile rules on a computed operand
+    [t(40, 10)[realized(rng.integers(0, 40, 8))] * 2],  # gather source
+  ]
+
+
+def test_every_cut_names_its_rule(rng, fresh_caches):
+  seen = set()
+  for outs in _graphs(rng):
+    for it in S.create_schedule([o.node for o in outs]):
+      for part in it.why.split("; "):
+        rule = part.split(":")[0]
+        assert part == "requested" or (rule in rules.RULES and part.startswith(rule + ": ") and len(part) > len(rule) + 2), it.why
+        seen.add(rule if part != "requested" else part)
+  assert {"requested", "nested_reduction", "split_reduce", "shared_reduction", "boundary"} <= seen, seen
+
+
+def test_debug_log_prints_each_cut_with_its_rule(rng, fresh_caches, monkeypatch, capsys):
+  monkeypatch.setattr(config, "DEBUG", 3)
+  a, b = realized(randn(rng, 128, 192)), realized(randn(rng, 192, 128))
+  out = (a @ b).sum()
+  capsys.readouterr()
+  S.create_schedule([out.node])
+  lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("schedule:")]
+  assert len(lines) == 2, lines
+  assert "nested_reduction: a reduction recomputed in every iteration of another's loop" in lines[0]
+  assert lines[1].endswith(": requested")
+
+
+def test_rules_on_every_device(device, rng, fresh_caches):
+  """The same cuts on every device (one table of parameters for now), and the same values."""
+  a, b = randn(rng, 128, 192), randn(rng, 192, 128)
+  x = rng.random((2, 40007), dtype=np.float32) - 0.5
+  ta, tb, tx = realized(a, device), realized(b, device), realized(x, device)
+  outs = [(ta @ tb).sum(), tx.sum(1), tx.amax(1)]
+  with fg.track() as t:
+    fg.realize(*outs)
+  assert len(t.kernels) == 2 + 2 + 2, [k.name for k in t.kernels]
+  np.testing.assert_allclose(outs[0].numpy(), (a.astype(np.float64) @ b).sum(), rtol=1e-4, atol=1e-2)
+  np.testing.assert_allclose(outs[1].numpy(), x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
+  np.testing.assert_array_equal(outs[2].numpy(), x.max(1))
