@@ -45,6 +45,10 @@ class Params:
   split_outputs: int = 64
   # the number of partial results of a split: 2**(log2(elements)/2) clamped to these powers of two
   split_parts_log2: tuple = (6, 10)
+  # a reduction whose value is broadcast over some output dims (softmax's max and sum, layernorm's moments) gets a
+  # kernel of its own: on a GPU a work-group reduces it through local memory, which needs it alone in its kernel,
+  # and the outputs then run one per work item (fused, one work item walked a whole row: 0.06x torch on an H100)
+  store_broadcast_reductions: bool = False
 
 
 # per device (the part of a device name before ':'); one table for now: the values were measured on CPUs and
@@ -53,8 +57,26 @@ DEVICE_PARAMS: dict[str, Params] = {"CPU": Params(), "OPENCL": Params(), "PYTHON
 DEFAULT = Params()
 
 
+GPU = Params(store_broadcast_reductions=True)
+
+
 def params(device: str) -> Params:
-  return DEVICE_PARAMS.get(device.split(":")[0].upper(), DEFAULT)
+  name = device.split(":")[0].upper()
+  if name == "OPENCL" and _is_gpu(name): return GPU
+  return DEVICE_PARAMS.get(name, DEFAULT)
+
+
+_gpu_of: dict[str, bool] = {}
+
+
+def _is_gpu(name: str) -> bool:
+  """Does the device work in work-groups rather than register blocks (its caps: codegen/renderer/base.py)?"""
+  hit = _gpu_of.get(name)
+  if hit is None:
+    from fusegrad.runtime import device as rd
+    caps = rd.get(name).caps
+    hit = _gpu_of[name] = caps.has_local and not caps.prefers_blocking
+  return hit
 
 
 def reason(rule: str, why: str) -> str:
@@ -64,7 +86,7 @@ def reason(rule: str, why: str) -> str:
 
 # names that start every cut's reason in the log (besides "requested": the caller asked for the node)
 RULES = ("boundary", "gather_source", "shared_reduction", "split_reduce", "nested_reduction", "broadcast_recompute",
-         "index_recompute", "parallel_work", "tile_operands", "structural")
+         "index_recompute", "parallel_work", "tile_operands", "broadcast_reduction", "structural")
 
 
 # ---- graph rewrite: split a big reduction ---------------------------------------------------------------------
@@ -208,8 +230,15 @@ def parallel_work(f: Fusion, p: Params):
     return n, "fusing this reduction leaves too little parallel work"
 
 
+def broadcast_reduction(f: Fusion, p: Params):
+  """A reduction broadcast over output dims, on a device that groups reductions (Params.store_broadcast_reductions)."""
+  if p.store_broadcast_reductions:
+    for n, extent in f.inner:
+      if extent < f.full: return n, "a reduction broadcast over outputs is grouped in a kernel of its own (GPU)"
+
+
 # in the order they are asked (the first that cuts wins; the group is analyzed again with the cut)
-FUSION_RULES = (broadcast_recompute, index_recompute, nested_reduction, parallel_work)
+FUSION_RULES = (broadcast_recompute, index_recompute, nested_reduction, parallel_work, broadcast_reduction)
 
 
 def tile_operands(f: Fusion, k: Kernel, p: Params):
