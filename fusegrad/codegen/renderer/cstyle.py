@@ -36,6 +36,7 @@ class CStyleRenderer:
   caps = Caps()
   barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
   index_type = "long long"
+  def index_type_of(self, k: Kernel) -> str: return self.index_type
   types = {dt.bool_: "_Bool", dt.int8: "signed char", dt.uint8: "unsigned char", dt.int16: "short",
            dt.int32: "int", dt.uint32: "unsigned int", dt.int64: "long long", dt.float16: "unsigned short",
            dt.bfloat16: "unsigned short", dt.float32: "float", dt.float64: "double"}
@@ -176,7 +177,7 @@ class CStyleRenderer:
 
   def _loop(self, st: Loop, w: "_Walk") -> None:
     v = st.var
-    w.out(f"for ({self.index_type} {v.name} = 0; {v.name} < {v.hi + 1}; {v.name}++) {{")
+    w.out(f"for ({self.index_type_of(w.k)} {v.name} = 0; {v.name} < {v.hi + 1}; {v.name}++) {{")
     w.indent += "  "
 
   def _end(self, st: End, w: "_Walk") -> None:
@@ -429,6 +430,12 @@ class OpenCLRenderer(CStyleRenderer):
   no device extension is needed; bool is stored as uchar."""
   name = "opencl"
   index_type = "long"
+  def index_type_of(self, k: Kernel) -> str:
+    """32-bit index arithmetic where every buffer and the launch are far below 2^31 (GPUs emulate 64-bit integer
+    multiplies and divisions: the index math of a kernel is then several times its loads); padding may reach
+    indices up to twice a size, hence the margin."""
+    most = max([b.size for b in k.bufs] + [k.global_size])
+    return "int" if most < (1 << 29) else "long"
   types = {dt.bool_: "bool", dt.int8: "char", dt.uint8: "uchar", dt.int16: "short", dt.int32: "int",
            dt.uint32: "uint", dt.int64: "long", dt.float16: "half", dt.bfloat16: "ushort", dt.float32: "float",
            dt.float64: "double"}
@@ -464,8 +471,9 @@ class OpenCLRenderer(CStyleRenderer):
     args = []
     for i, b in enumerate(k.bufs):
       args.append(f"__global {'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
-    ids = ["  long gidx = get_group_id(0);", "  long lidx = get_local_id(0);"] if k.local_size else \
-          ["  long gidx = get_global_id(0);"]
+    t = self.index_type_of(k)
+    ids = [f"  {t} gidx = get_group_id(0);", f"  {t} lidx = get_local_id(0);"] if k.local_size else \
+          [f"  {t} gidx = get_global_id(0);"]
     attr = f"__attribute__((reqd_work_group_size({k.local_size[0]}, 1, 1))) " if k.local_size else ""
     lines = [self.helpers(k), "", f"{attr}__kernel void {k.name}({', '.join(args)}) {{", *ids, *self.local_buffers(listing)]
     lines += self.body(listing, k, "  ")
