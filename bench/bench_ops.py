@@ -87,6 +87,13 @@ def np_matmul(a, b): return a @ b
 def th_matmul(a, b): return a @ b
 
 
+def fg_conv(x, w): return fg.nn.functional.conv2d(x, w, padding=1)
+def np_conv(x, w):
+  win = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+  return np.einsum("nchwij,ocij->nohw", win, w, optimize=True)
+def th_conv(x, w): return torch.nn.functional.conv2d(x, w, padding=1)
+
+
 def cases(quick: bool):
   n_ew = 1 << (20 if quick else 24)
   n_sm = 1024 if quick else 4096
@@ -106,6 +113,9 @@ def cases(quick: bool):
   for n in mms:
     out.append((f"matmul {n}x{n} @ {n}x{n}", (fg_matmul, np_matmul, th_matmul), (r(n, n), r(n, n)),
                 dict(rtol=1e-4, atol=1e-4 * n ** 0.5)))
+  b, c, hw = (2, 16, 28) if quick else (8, 64, 56)
+  out.append((f"conv2d 3x3 {c}->{c}, {hw}x{hw}, batch {b}", (fg_conv, np_conv, th_conv),
+              (r(b, c, hw, hw), r(c, c, 3, 3) / 24), dict(rtol=1e-4, atol=1e-4)))
   return out
 
 

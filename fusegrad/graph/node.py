@@ -63,12 +63,24 @@ _cache: "dict[tuple, weakref.ref]" = {}
 _sweep_at = [1 << 14]
 
 
-def make(op, dtype, src, arg, shape, device) -> Node:
+def _key(op, dtype, src, arg, shape, device) -> tuple:
   a = arg
   if op == "CONST":   # 1 and True, 0.0 and -0.0 are equal keys but different constants
     a = (type(arg), arg) if arg or type(arg) is not float else (float, arg, math.copysign(1.0, arg))
   elif type(arg) is float and arg != arg: a = ("nan",)
-  key = (op, dtype, tuple(map(id, src)), a, shape, device)
+  return (op, dtype, tuple(map(id, src)), a, shape, device)
+
+
+def unshare(n: Node) -> None:
+  """Drop n's hash-cons entry before n is changed in place (a constant lifted into a buffer): make() must not hand
+  it out for what it was."""
+  key = _key(n.op, n.dtype, n.src, n.arg, n.shape, n.device)
+  r = _cache.get(key)
+  if r is not None and r() is n: del _cache[key]
+
+
+def make(op, dtype, src, arg, shape, device) -> Node:
+  key = _key(op, dtype, src, arg, shape, device)
   r = _cache.get(key)
   if r is not None:
     n = r()
