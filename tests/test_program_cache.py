@@ -125,3 +125,34 @@ def test_many_distinct_kernels_keep_mappings_bounded(tmp_path):
   assert libs_now <= 16 + 1, libs_now          # the cached programs and the launcher
   assert libs_now <= libs_then                 # steady after the cache filled (it held 16 at kernel 20 too)
   assert maps_now <= maps_then + 20, (maps_then, maps_now)   # 130 more kernels, no more mappings
+
+
+RSS_CHILD = r"""
+import numpy as np, fusegrad as fg
+def rss():
+  for line in open("/proc/self/status"):
+    if line.startswith("VmRSS:"): return int(line.split()[1]) // 1024
+w = fg.tensor(np.random.rand(256).astype(np.float32))
+def steps(n, base):
+  for i in range(n):
+    (w * (base + i * 1e-3) + 0.5).relu().sum().realize()
+def shapes(lo, hi):
+  for n in range(lo, hi):
+    (fg.ones(n, 3) * 2 + fg.arange(3)).sum(0).realize()
+steps(300, 1.5); shapes(8, 40)
+mid = rss()
+steps(3000, 2.5); shapes(40, 72)
+print(mid, rss())
+"""
+
+
+@pytest.mark.slow
+def test_long_run_memory_stays_flat(tmp_path):
+  """Thousands of steps with a changing scalar and dozens of new shapes, past a small program bound: RSS after the
+  warm-up stays flat (programs are evicted and unloaded, scalars do not mint kernels)."""
+  env = {**os.environ, "FUSEGRAD_MAX_PROGRAMS": "16", "FUSEGRAD_CACHE_DIR": str(tmp_path / "cache"),
+         "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+  r = subprocess.run([sys.executable, "-c", RSS_CHILD], capture_output=True, text=True, env=env, timeout=900)
+  assert r.returncode == 0, r.stderr
+  mid, end = map(int, r.stdout.split())
+  assert end - mid <= 24, (mid, end)
