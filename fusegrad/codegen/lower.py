@@ -54,8 +54,11 @@ def unravel(flat, shape) -> tuple:
 
 
 class _Builder:
-  def __init__(self, outputs: list[Node], is_boundary):
+  def __init__(self, outputs: list[Node], is_boundary, on_expand=None):
     self.outputs, self.is_boundary = outputs, is_boundary
+    # the scheduler's broadcast rule, asked as each broadcast source is met: a cut stops the evaluation there (a
+    # long recurrent chain evaluated whole before each cut made scheduling quadratic in its length)
+    self.on_expand = on_expand
     self.inputs: list[Node] = []          # boundary nodes in order of first use
     self.input_pos: dict[int, int] = {}
     self.memo: dict = {}
@@ -115,6 +118,8 @@ class _Builder:
       if self._is_leaf(src): return self._leaf(src, flat, gate & valid)
       if any(st == 0 and s > 1 for st, s in zip(n.arg.strides, n.arg.shape)) and src not in self.expanded:
         self.expanded.append(src)
+        why = self.on_expand(src, self._is_leaf) if self.on_expand is not None else None
+        if why: raise NeedsRealize(src, why)
       inner = self.ev(src, unravel(flat, src.shape), gate & valid)
       bcast = prod(sz for st, sz in zip(n.arg.strides, n.arg.shape) if st == 0)
       if bcast > 1: self.broadcasts.append((src, inner, bcast))
@@ -205,13 +210,14 @@ class Fusion:
 def _extent(vs) -> int: return prod(v.hi + 1 for v in vs)
 
 
-def analyze(outputs: list[Node], is_boundary) -> Fusion:
+def analyze(outputs: list[Node], is_boundary, on_expand=None) -> Fusion:
   """Lowering's first pass over the nodes `outputs` (one shape, one device): each node evaluated at its index.
-  Raises NeedsRealize where the fusion cannot be expressed as one kernel."""
+  Raises NeedsRealize where the fusion cannot be expressed as one kernel, or where `on_expand(source, is_leaf)`
+  names a reason to cut a broadcast source."""
   shape = outputs[0].shape
   ovars = tuple(sym.Var(f"o{d}", 0, s - 1) if s > 1 else None for d, s in enumerate(shape))
   oidx = tuple(sym.lin(v) if v is not None else sym.const(0) for v in ovars)
-  b = _Builder(outputs, is_boundary)
+  b = _Builder(outputs, is_boundary, on_expand)
   vals = [b.ev(n, oidx, sym.TRUE) for n in outputs]
   # the canonical kernel has one set of REDUCE axes per reduction
   for nid, inst in b.reduce_instances.items():

@@ -204,6 +204,12 @@ def broadcast_recompute(f: Fusion, p: Params):
       return src, "an expensive value broadcast by a view would be recomputed per element"
 
 
+def broadcast_cut(src: Node, is_leaf, p: Params) -> str | None:
+  """broadcast_recompute asked by lowering as it meets each broadcast source (so a cut stops the evaluation)."""
+  if _alu_count(src, is_leaf, p.recompute_ops) > p.recompute_ops:
+    return reason("broadcast_recompute", "an expensive value broadcast by a view would be recomputed per element")
+
+
 def index_recompute(f: Fusion, p: Params):
   """A value read at several indices (a shifted copy of itself: x[1:] + x[:-1]) is computed once per index."""
   for n in f.repeated:

@@ -151,8 +151,8 @@ def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
 def _lower_judged(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   """Lower roots unless the fusion cannot be expressed (lowering's refusal) or a cost rule cuts it: either raises
   NeedsRealize naming the node to cut, with the reason for the log."""
-  f = analyze(roots, is_boundary)
   p = rules.params(roots[0].device)
+  f = analyze(roots, is_boundary, lambda src, is_leaf: rules.broadcast_cut(src, is_leaf, p))
   cut = rules.judge(f, p)
   if cut is None:
     k, ins = build(f)

@@ -2,11 +2,14 @@
 kernel and the device's capabilities (renderer/base.Caps).
 
 - Register tile: a reduction kernel whose reads are shared along the last one or two parallel axes (a matmul:
-  a row of b serves a block of rows of a) computes a ROW_LANES x OUT_LANES block of outputs per work item,
-  the columns walked in vector lanes, the row blocks fastest (neighbouring work items share a panel of
+  a row of b serves a block of rows of a) computes a ROW_LANES x (COL_VECTORS x OUT_LANES) block of outputs per
+  work item, the columns in vectors, the row blocks fastest (neighbouring work items share a panel of
   columns in cache).
 - Reduction lanes: otherwise a reduction whose innermost axis divides evenly keeps REDUCE_LANES partial
-  accumulators (independent chains the compiler vectorizes), folded at the end.
+  accumulators (a vector accumulator where the values are vector ops), folded at the end.
+- Elementwise kernels of vector ops run their innermost axis in the widest vector that divides it.
+- GPUs (caps with local memory and no preference for blocking): `_work_groups` below.
+The column and reduction lanes become vector values where the device has vectors (codegen/passes.vector_axis).
 """
 from __future__ import annotations
 from fusegrad.graph import symbolic as sym
@@ -114,13 +117,8 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     g = k.of_kind(K.GLOBAL)[-1].var
     w = next((w for w in sorted(caps.vector_widths, reverse=True) if (g.hi + 1) % w == 0 and k.groups >= w * MIN_PARALLEL),
              None)
-    if w is not None:
-      try:
-        kv = apply_opt(k, Opt(OptOp.UPCAST, k.axis_index(g), w), caps)
-      except OptError:
-        return opts
-      if vector_axis(kv, caps, dependencies([st.value for st in kv.stores])) is not None:
-        opts.append(kv.opts[-1])
+    kv = _in_vectors(k, g, w, caps) if w is not None else None
+    if kv is not None: opts.append(kv.opts[-1])
     return opts
   for r in reduces:
     last = r.loops[-1]
@@ -129,6 +127,14 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       do(OptOp.UPCAST, last, REDUCE_LANES)
   return opts
 
+
+def _in_vectors(k: Kernel, var, width: int, caps: Caps) -> Kernel | None:
+  """k with axis var upcast by width, when expand would make it vectors (passes.vector_axis), else None."""
+  try:
+    kv = apply_opt(k, Opt(OptOp.UPCAST, k.axis_index(var), width), caps)
+  except OptError:
+    return None
+  return kv if vector_axis(kv, caps, dependencies([st.value for st in kv.stores])) is not None else None
 
 
 # ---- GPUs (caps.has_local and not prefers_blocking): work-groups -----------------------------------------------
@@ -180,12 +186,11 @@ def _work_groups(k: Kernel, caps: Caps) -> list:
   g = last_global()
   if g is None: return opts
   if not reduces:   # elementwise: a vector of 4 per work item where every value is a vector op
-    if (g.hi + 1) % 4 == 0 and (g.hi + 1) // 4 >= most:
-      kv = apply_opt(k, Opt(OptOp.UPCAST, k.axis_index(g), 4), caps)
-      if vector_axis(kv, caps, dependencies([st.value for st in kv.stores])) is not None:
-        k = kv
-        opts.append(kv.opts[-1])
-        g = last_global()
+    kv = _in_vectors(k, g, 4, caps) if (g.hi + 1) % 4 == 0 and (g.hi + 1) // 4 >= most else None
+    if kv is not None:
+      k = kv
+      opts.append(kv.opts[-1])
+      g = last_global()
   n = _pow2_divisor(g.hi + 1, most, 32)
   if n: do(OptOp.LOCAL, g, n)
   return opts
