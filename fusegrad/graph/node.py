@@ -71,14 +71,6 @@ def _key(op, dtype, src, arg, shape, device) -> tuple:
   return (op, dtype, tuple(map(id, src)), a, shape, device)
 
 
-def unshare(n: Node) -> None:
-  """Drop n's hash-cons entry before n is changed in place (a constant lifted into a buffer): make() must not hand
-  it out for what it was."""
-  key = _key(n.op, n.dtype, n.src, n.arg, n.shape, n.device)
-  r = _cache.get(key)
-  if r is not None and r() is n: del _cache[key]
-
-
 def make(op, dtype, src, arg, shape, device) -> Node:
   key = _key(op, dtype, src, arg, shape, device)
   r = _cache.get(key)

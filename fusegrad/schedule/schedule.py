@@ -14,10 +14,8 @@ import operator
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-import numpy as np
-from fusegrad import config, dtype as dt
+from fusegrad import config
 from fusegrad.graph import ops
-from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.codegen.lower import analyze, build, NeedsRealize
 from fusegrad.schedule import rules
@@ -57,7 +55,7 @@ def _arg_key(arg):
   return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
 
 
-def _structure(roots: list[Node], mask_scalars: bool = False) -> tuple[tuple, list[Node]]:
+def _structure(roots: list[Node]) -> tuple[tuple, list[Node]]:
   """The whole graph behind roots as a flat hashable record (what a schedule depends on: each node's op, dtype,
   shape, device, argument and sources; a realized node is an input slot), and its nodes in creation order (a
   topological order: sources are older). It runs on every realize, a cache hit included, so it is one lean walk;
@@ -80,8 +78,7 @@ def _structure(roots: list[Node], mask_scalars: bool = False) -> tuple[tuple, li
       continue
     a, src = n.arg, n.src
     push(n.op); push(n.dtype); push(n.shape); push(n.device)
-    if mask_scalars and n.op == "CONST" and n.dtype in LIFTABLE: push("SCALAR")
-    else: push(a if a is None or not isinstance(a, (bool, int, float)) else _arg_key(a))
+    push(a if a is None or not isinstance(a, (bool, int, float)) else _arg_key(a))
     push(len(src))
     for x in src: push(index[id(x)])
   for r in roots: push(index[id(r)])
@@ -120,8 +117,7 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
 
 
 # work counters, read by tests that bound how much scheduling a graph costs (never by the scheduler itself)
-stats = {"lower_calls": 0, "nodes_walked": 0, "schedule_hits": 0, "schedule_misses": 0, "replays": 0,
-         "scalars_lifted": 0}
+stats = {"lower_calls": 0, "nodes_walked": 0, "schedule_hits": 0, "schedule_misses": 0, "replays": 0}
 
 
 def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
@@ -194,52 +190,6 @@ def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
     return items if items is not None else entry.items(walked)   # a cached schedule with a plan: its items
 
 
-# ---- Python scalars that change between steps become inputs -------------------------------------------------
-# A 0-d constant (a Python number in `x * lr`) is part of a kernel's source and of the schedule's key: a new value
-# would schedule and compile afresh. When a graph differs from one seen before only in such constants, the ones
-# that changed are remembered (per graph structure with those values left out) and, from then on, given a
-# one-element buffer before scheduling: an input like any realized tensor, so one compiled kernel and one cached
-# schedule serve every value (the second value compiles once more; none after). Constants that never change stay
-# literals in the source.
-LIFTABLE = frozenset({dt.float16, dt.float32, dt.float64, dt.int32, dt.int64})
-SCALAR_MEMORY = 4096
-_scalar_seen: "OrderedDict[tuple, tuple]" = OrderedDict()
-_scalar_varying: dict = {}
-
-
-def _lift_varying_scalars(roots: list[Node], nodes: list[Node]) -> bool:
-  """Give the 0-d constants of this graph that changed since a graph of the same structure a buffer each; whether
-  any was lifted."""
-  slots = [i for i, n in enumerate(nodes) if n.op == "CONST" and n.buffer is None and n.dtype in LIFTABLE]
-  if not slots: return False
-  mkey, _ = _structure(roots, mask_scalars=True)
-  vals = tuple(_arg_key(nodes[i].arg) for i in slots)
-  prev = _scalar_seen.get(mkey)
-  vary = _scalar_varying.get(mkey, frozenset())
-  if prev is not None and len(prev) == len(vals):
-    changed = frozenset(j for j, (a, b) in enumerate(zip(prev, vals)) if a != b)
-    if not changed <= vary: vary = _scalar_varying[mkey] = vary | changed
-  _scalar_seen[mkey] = vals
-  _scalar_seen.move_to_end(mkey)
-  if len(_scalar_seen) > SCALAR_MEMORY: _scalar_varying.pop(_scalar_seen.popitem(last=False)[0], None)
-  if not vary: return False
-  from fusegrad.runtime import device as rd
-  for j in vary:
-    n = nodes[slots[j]]
-    buf = rd.Buffer(rd.get(n.device), 1, n.dtype).copyin(np.array([n.arg], dtype=n.dtype.np))
-    if not n.shape:
-      n.buffer = buf
-      continue
-    # a constant of a shape becomes that shape's broadcast of the one-element buffer (the node itself, so every
-    # graph holding it reads the same value)
-    gn.unshare(n)
-    v = gn.movement(gn.movement(gn.buffer_node(buf, n.dtype, (), n.device), "RESHAPE", (1,) * len(n.shape)),
-                    "EXPAND", n.shape)
-    n.op, n.src, n.arg = v.op, v.src, v.arg
-  stats["scalars_lifted"] += len(vary)
-  return True
-
-
 def schedule(roots: list[Node]) -> tuple[list[ScheduleItem] | None, CachedSchedule | None, list[Node]]:
   """(items, the cache entry or None, the signature walk's nodes), under `lock`. On a cache hit whose entry has a
   plan, items is None: the caller replays the plan on the nodes (CachedSchedule.items builds them if it must)."""
@@ -247,9 +197,6 @@ def schedule(roots: list[Node]) -> tuple[list[ScheduleItem] | None, CachedSchedu
   if not roots: return [], None, []
   key, nodes = _structure(roots)
   hit = _schedule_cache.get(key)
-  if hit is None and _lift_varying_scalars(roots, nodes):
-    key, nodes = _structure(roots)
-    hit = _schedule_cache.get(key)
   if hit is not None:
     stats["schedule_hits"] += 1
     _schedule_cache.move_to_end(key)
