@@ -384,8 +384,8 @@ class CRenderer(CStyleRenderer):
     for i, b in enumerate(k.bufs):
       args.append(f"{'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
     args += ["long long start", "long long end"]
-    guarded = any(isinstance(st, Let) and (isinstance(st.val, Gather) or (isinstance(st.val, Load) and not st.val.valid.is_true))
-                  for st in listing)
+    guarded = any(isinstance(st, Let) and (isinstance(st.val, Gather) or
+                                           (isinstance(st.val, Load) and not st.val.valid.is_true)) for st in listing)
     attrs = {(True, True): "FG_BLOCKED_GUARDED ", (True, False): "FG_BLOCKED ", (False, True): "FG_GUARDED ",
              (False, False): ""}[(k.tiled, guarded)]
     lines = [self.helpers(k), "", f"{attrs}void {k.name}({', '.join(args)}) {{",
