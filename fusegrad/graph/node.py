@@ -63,16 +63,12 @@ _cache: "dict[tuple, weakref.ref]" = {}
 _sweep_at = [1 << 14]
 
 
-def _key(op, dtype, src, arg, shape, device) -> tuple:
+def make(op, dtype, src, arg, shape, device) -> Node:
   a = arg
   if op == "CONST":   # 1 and True, 0.0 and -0.0 are equal keys but different constants
     a = (type(arg), arg) if arg or type(arg) is not float else (float, arg, math.copysign(1.0, arg))
   elif type(arg) is float and arg != arg: a = ("nan",)
-  return (op, dtype, tuple(map(id, src)), a, shape, device)
-
-
-def make(op, dtype, src, arg, shape, device) -> Node:
-  key = _key(op, dtype, src, arg, shape, device)
+  key = (op, dtype, tuple(map(id, src)), a, shape, device)
   r = _cache.get(key)
   if r is not None:
     n = r()
