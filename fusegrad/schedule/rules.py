@@ -62,8 +62,7 @@ GPU = Params(store_broadcast_reductions=True)
 
 def params(device: str) -> Params:
   name = device.split(":")[0].upper()
-  if name == "OPENCL" and _is_gpu(name): return GPU
-  return DEVICE_PARAMS.get(name, DEFAULT)
+  return GPU if _is_gpu(name) else DEVICE_PARAMS.get(name, DEFAULT)
 
 
 _gpu_of: dict[str, bool] = {}
