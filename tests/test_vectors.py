@@ -36,7 +36,8 @@ def _ref(item, opts=()):
   c = pdev.compile_with(item.kernel, opts)
   outs = [rd.Buffer(pdev, o.numel, o.dtype) for o in item.outputs]
   ins = [rd.Buffer(pdev, i.numel, i.dtype).copyin(i.buffer.numpy()) for i in item.inputs]
-  pdev.launch(c.program, c.kernel, [b.handle for b in outs + ins])
+  params = pdev.param_handles(item.kernel, item.param_values()) if item.kernel.params else []
+  pdev.launch(c.program, c.kernel, [b.handle for b in outs + ins] + params)
   return outs[0].numpy().reshape(item.outputs[0].shape)
 
 

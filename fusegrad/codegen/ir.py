@@ -94,6 +94,15 @@ class Const(Val):
 
 
 @dataclass(frozen=True, eq=True)
+class Param(Val):
+  """A scalar argument of the kernel, bound at each launch (Kernel.params[slot] is its dtype): a Python number
+  of the graph that is not compiled into the source, so one program serves every value (a learning rate, a
+  loss scale, a changing step size). Where a device keeps 16-bit floats in float32 registers, so is a Param."""
+  slot: int
+  dtype: DType
+
+
+@dataclass(frozen=True, eq=True)
 class Index(Val):
   """The integer value of an index expression (IOTA), 0 where not valid."""
   idx: sym.Lin
@@ -179,6 +188,7 @@ class Kernel:
   cost: int = 0          # estimated work: flops with transcendental functions weighted, plus elements moved
   opts: tuple = ()       # the optimizer's actions applied to the canonical kernel (codegen/opt), in order
   tiled: bool = False    # output axes were expanded in registers (codegen/passes.expand): a register tile
+  params: tuple = ()     # tuple[DType]: the dtype of each scalar argument (ir.Param), bound at launch
 
   def of_kind(self, *kinds) -> tuple:
     return tuple(a for a in self.axes if a.kind in kinds)
@@ -260,7 +270,7 @@ def dependencies(roots) -> dict:
   for v in toposort(roots):
     if isinstance(v, (Load, Index)): d = sym.variables(v.idx) | v.valid.variables()
     elif isinstance(v, Valid): d = v.cond.variables()
-    elif isinstance(v, Const): d = set()
+    elif isinstance(v, (Const, Param)): d = set()
     elif isinstance(v, Reduce):
       d = set()
       for c in children(v): d |= deps[id(c)]

@@ -16,19 +16,43 @@ a kernel has one set of REDUCE axes per reduction): it raises NeedsRealize namin
 kernel (and a buffer) of its own. Whether a fusion it can express is worth its cost (work recomputed, too
 little parallel work) is decided by the scheduler's rules (schedule/rules.py), which read the facts that the
 first pass here gathers (`Fusion`) before the kernel is built.
+
+A constant of the graph is a literal of the source only where its value lets the compiler simplify (zero,
+powers of two, infinities, small integers); any other becomes a kernel argument (ir.Param, `is_param`), so a
+Python number that changes every step (a learning rate, a loss scale) reuses one compiled program.
 """
 from __future__ import annotations
+import math
 from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod, contiguous_strides
-from fusegrad.codegen.ir import (Gather, Load, Const, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, Axis, AxisKind,
+from fusegrad.codegen.ir import (Gather, Load, Const, Param, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, Axis, AxisKind,
                                  toposort, dependencies, round16, is_round16, EXACT_OPS)
 
 # transcendental functions cost several ALU ops (a polynomial, or a libm call)
 _OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF", "ATAN", "ATAN2")}
 # ...and for the work estimate (Kernel.cost) sin/cos/tan/atan are libm calls that do not vectorize
 _WORK_COST = {**_OP_COST, "SIN": 16, "COS": 16, "TAN": 16, "ATAN": 16, "ATAN2": 16}
+
+
+def is_param(n: Node) -> bool:
+  """Does the node become a kernel argument (ir.Param) rather than a literal? (the scheduler keys its caches by
+  this too: a Param's value is not part of a kernel's structure)"""
+  return n.op == "CONST" and not n.realized and is_runtime_value(n.arg, n.dtype)
+
+
+def is_runtime_value(v, d: dt.DType) -> bool:
+  """Every number but those a compiler folds into cheaper code: zero, a power of two (a division becomes a
+  multiply, a multiply an add or a shift), infinities and NaN (no argument needed to spell them), small integers
+  (loop-like arithmetic, masks), and bools."""
+  if d.is_bool: return False
+  if d.is_float:
+    v = float(v)
+    if v == 0 or math.isinf(v) or math.isnan(v): return False
+    return math.frexp(abs(v))[0] != 0.5
+  v = abs(int(v))
+  return v > 16 and v & (v - 1) != 0
 
 
 class NeedsRealize(Exception):
@@ -61,6 +85,8 @@ class _Builder:
     self.on_expand = on_expand
     self.inputs: list[Node] = []          # boundary nodes in order of first use
     self.input_pos: dict[int, int] = {}
+    self.params: list[Node] = []          # constants that are kernel arguments (is_param), by slot
+    self.param_pos: dict[int, int] = {}
     self.memo: dict = {}
     self.reduce_instances: dict[int, list] = {}
     self.instances: dict[int, int] = {}   # id(node) -> how many different indices it was evaluated at
@@ -74,6 +100,12 @@ class _Builder:
       self.inputs.append(n)
     return self.input_pos[id(n)]
 
+  def param(self, n: Node) -> Param:
+    if id(n) not in self.param_pos:
+      self.param_pos[id(n)] = len(self.params)
+      self.params.append(n)
+    return Param(self.param_pos[id(n)], n.dtype)
+
   def ev(self, n: Node, idx: tuple, gate: sym.Cond):
     key = (id(n), idx, gate)
     v = self.memo.get(key)
@@ -86,8 +118,8 @@ class _Builder:
     """A load-like value at a flat position of a contiguous leaf."""
     if valid.false: return Const(0 if not n.dtype.is_bool else False, n.dtype)
     if n.op == "CONST" and not n.realized:
-      return Const(n.arg, n.dtype) if valid.is_true else \
-        Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), Const(n.arg, n.dtype), Const(n.dtype.np(0).item(), n.dtype)))
+      c = self.param(n) if is_runtime_value(n.arg, n.dtype) else Const(n.arg, n.dtype)
+      return c if valid.is_true else Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), c, Const(n.dtype.np(0).item(), n.dtype)))
     if n.op == "IOTA" and not n.realized: return round16(Index(flat, valid, n.dtype))   # 2049 is no float16
     return Load(self.buf(n), flat, valid, n.dtype)
 
@@ -227,7 +259,7 @@ def analyze(outputs: list[Node], is_boundary, on_expand=None) -> Fusion:
 
 def build(f: Fusion) -> tuple[Kernel, list[Node]]:
   """The canonical kernel of an analyzed fusion: parallel dims GLOBAL, the others LOOP (in output order), then
-  the reductions' axes. Returns it and its input nodes."""
+  the reductions' axes. Returns it and its input nodes (its Param nodes, by slot, are f.b.params)."""
   b, vals, ovars, oidx, gset, reduces = f.b, f.vals, f.ovars, f.oidx, f.gset, f.reduces
   shape = f.outputs[0].shape
   gvars = tuple(v for v in ovars if v in gset)
@@ -242,7 +274,8 @@ def build(f: Fusion) -> tuple[Kernel, list[Node]]:
   kind = "r" if reduces else "E"
   name = f"{kind}_{'_'.join(str(s) for s in shape) or 'scalar'}"
   flops, weighted = _estimate_flops(vals, gsize, gvars)
-  k = Kernel(name, bufs, tuple(axes), stores, flops, cost=weighted + sum(b.size for b in bufs))
+  k = Kernel(name, bufs, tuple(axes), stores, flops, cost=weighted + sum(b.size for b in bufs),
+             params=tuple(n.dtype for n in b.params))
   return k, b.inputs
 
 

@@ -156,7 +156,8 @@ def note_rebind(t) -> None:
 class _Recorder:
   def __init__(self, recording: bool):
     self.recording = recording
-    self.items: list = []        # ("kernel", dev, program, kernel, src, [Buffer]) | ("copy", src, dst) | ("host", fn)
+    self.items: list = []        # ("kernel", dev, program, kernel, src, [Buffer], [param handle]) | ("copy", src, dst)
+                                 # | ("host", fn)
                                  # | ("read", Buffer, shape, fn)
     self.written: dict = {}      # id(Buffer) -> Buffer, for buffers a recorded item wrote
     self.rebound: dict = {}      # id(tensor) -> (weakref to it, its node before the first in-place update)
@@ -185,9 +186,10 @@ class _Recorder:
         if self.error is not None: break
     self.snap = now
 
-  def kernel(self, dev, program, kernel, src, bufs: list, n_out: int) -> None:
+  def kernel(self, dev, program, kernel, src, bufs: list, n_out: int, params: list = ()) -> None:
+    """A launch: its buffers (outputs first) and its Params' handles (the values of the capture)."""
     if not self.recording: return
-    self.items.append(("kernel", dev, program, kernel, src, list(bufs)))
+    self.items.append(("kernel", dev, program, kernel, src, list(bufs), list(params)))
     for b in bufs[:n_out]: self.written[id(b)] = b
 
   def copy(self, src, dst) -> None:
@@ -476,8 +478,8 @@ class _Capture:
     for item in self.items:
       kind = item[0]
       if kind == "kernel":
-        _, dev, program, kernel, src, bufs = item
-        handles = [sub.get(id(b), b).handle for b in bufs]
+        _, dev, program, kernel, src, bufs, params = item
+        handles = [sub.get(id(b), b).handle for b in bufs] + params
         if timed:
           launch(dev, program, kernel, src, handles)
           continue

@@ -78,8 +78,9 @@ def _run_kernel(item, dev):
   if item.outputs[0].numel:
     c = dev.compiled(k)
     everything = bufs + [i.buffer for i in item.inputs]
-    launch(dev, c.program, c.kernel, c.source, [b.handle for b in everything])
-    if (rec := jit.recorder()) is not None: rec.kernel(dev, c.program, c.kernel, c.source, everything, len(bufs))
+    params = dev.param_handles(k, item.param_values()) if k.params else []
+    launch(dev, c.program, c.kernel, c.source, [b.handle for b in everything] + params)
+    if (rec := jit.recorder()) is not None: rec.kernel(dev, c.program, c.kernel, c.source, everything, len(bufs), params)
   for o, b in zip(item.outputs, bufs): _set_result(o, b)
   return c
 
@@ -93,14 +94,15 @@ def _set_result(n: Node, buf) -> None:
 
 class Plan:
   """A cached schedule made ready to replay: per item its device, kernel (None: nothing to launch),
-  the outputs to allocate (walk position, elements, dtype) and its inputs, each a walk position (a node realized
-  before this realize) or ~i (the i-th buffer this plan allocates, made by an earlier item)."""
+  the outputs to allocate (walk position, elements, dtype), its inputs, each a walk position (a node realized
+  before this realize) or ~i (the i-th buffer this plan allocates, made by an earlier item), and the walk
+  positions of the constants bound to its Params (their values are this graph's, read at each run)."""
   __slots__ = ("steps",)
 
   def __init__(self, entries: list, compiled: list, nodes: list[Node]):
     made: dict[int, int] = {}
     self.steps = []
-    for (kind, outs, ins, k, _why), (dev, c) in zip(entries, compiled):
+    for (kind, outs, ins, k, _why, params), (dev, c) in zip(entries, compiled):
       refs = tuple(~made[i] if i in made else i for i in ins)
       specs = []
       for i in outs:
@@ -108,20 +110,21 @@ class Plan:
         specs.append((i, nodes[i].numel, nodes[i].dtype))
       # the schedule's kernel, not its compiled program: each run asks the device (a dictionary hit), so the
       # device's LRU of programs stays the one bound on compiled code, and an evicted program is compiled again
-      self.steps.append((dev, None if c is None else k, tuple(specs), refs))
+      self.steps.append((dev, None if c is None else k, tuple(specs), refs, params))
 
   def run(self, nodes: list[Node]) -> None:
     made: list = []
     batch: list = []
     bdev = None
     new = rd.Buffer
-    for dev, k, outs, refs in self.steps:
+    for dev, k, outs, refs, params in self.steps:
       bufs = [new(dev, size, dtype) for _i, size, dtype in outs]
       made.extend(bufs)
       if k is None: continue
       c = dev.compiled(k)
       handles = [b.handle for b in bufs]
       handles += [(made[~i] if i < 0 else nodes[i].buffer).handle for i in refs]
+      if params: handles += dev.param_handles(k, [nodes[i].arg for i in params])
       if dev is not bdev:
         if batch: bdev.launch_batch(batch)
         batch, bdev = [], dev
@@ -130,7 +133,7 @@ class Plan:
     sched.stats["replays"] += 1
     with sched.lock:
       j = 0
-      for _dev, _prog, outs, _refs in self.steps:
+      for _dev, _prog, outs, _refs, _params in self.steps:
         for i, _size, _dtype in outs:
           n = nodes[i]
           if n.buffer is None: n.buffer = made[j]
@@ -139,8 +142,8 @@ class Plan:
 
 
 def launch(dev, program, k, src: str, handles: list) -> None:
-  """Run one compiled kernel (k: the optimized kernel of Device.compiled) on its buffers' handles (outputs first),
-  timed when someone tracks kernels."""
+  """Run one compiled kernel (k: the optimized kernel of Device.compiled) on its buffers' handles (outputs first,
+  then Device.param_handles of its Params' values), timed when someone tracks kernels."""
   if not track.wants_timing():
     dev.launch(program, k, handles)
     return

@@ -27,7 +27,11 @@ from fusegrad.codegen.renderer.cstyle import CRenderer
 FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv", "-std=gnu11"]
 # gcc's -O2 vectorizes only loops its "very cheap" model accepts, which rejects most kernels' loops
 # (they need an epilogue); clang's -O2 vectorizes them already.
-GCC_FLAGS = ["-ftree-vectorize", "-fvect-cost-model=dynamic"]
+# -fno-thread-jumps: gcc 12.2 with AVX-512 miscompiles a loop where jump threading has duplicated the paths of
+# several selects on one condition and if-conversion then vectorizes them: `m ? 0 : p + (m ? p : 0)` with p loop
+# invariant (a kernel argument) came out wrong for some lanes (binary_cross_entropy_with_logits' gradient;
+# tests/test_params.py). Threading buys nothing in a kernel's straight-line body.
+GCC_FLAGS = ["-ftree-vectorize", "-fvect-cost-model=dynamic", "-fno-thread-jumps"]
 # below this much estimated work (Kernel.cost) a kernel runs on the calling thread: a hand-off costs more
 # (measured on 2 cores: a memory-bound add gains from a second thread from about 2^19 elements)
 PARALLEL_MIN_WORK = 1 << 20

@@ -122,6 +122,15 @@ class ExternalBuffer(Buffer):
   def __del__(self): pass
 
 
+def param_block(dtypes: tuple, values: list) -> np.ndarray:
+  blk = np.empty(max(len(dtypes), 1), dtype=np.int64)
+  f = blk.view(np.float64)
+  for i, (d, v) in enumerate(zip(dtypes, values)):
+    if d.is_float: f[i] = v
+    else: blk[i] = v if v < (1 << 63) else v - (1 << 64)   # a uint64's bits
+  return blk
+
+
 @dataclass(frozen=True)
 class Compiled:
   """A canonical kernel made ready for a device: its program, its source (or listing text), the optimized
@@ -179,6 +188,12 @@ class Device:
     """Run [(program, kernel, handles), ...] in order (a replayed step); a device may do it in one call."""
     for program, kernel, handles in launches: self.launch(program, kernel, handles)
   def synchronize(self) -> None: pass
+
+  def param_handles(self, kernel, values: list) -> list:
+    """What follows a kernel's buffer handles at launch to bind its Params (codegen/ir.Param) to `values`: here
+    one block of 8-byte slots (a float's as float64, an integer's as int64 bits), which the C entry point and
+    the interpreter read; a device with scalar kernel arguments passes them one by one instead."""
+    return [param_block(kernel.params, values)]
 
   @property
   def caps(self):

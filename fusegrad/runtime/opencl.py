@@ -90,6 +90,10 @@ class OpenCLDevice(Device):
       pass
     return getattr(prg, name)
 
+  def param_handles(self, kernel, values: list) -> list:
+    """Scalar kernel arguments (the renderer declares each Param in its register type: a 16-bit float's is float)."""
+    return [np.array(v, dtype=np.float32 if d in (dt.float16, dt.bfloat16) else d.np)[()] for d, v in zip(kernel.params, values)]
+
   def launch(self, program, kernel, handles: list) -> None:
     with self._launch_lock: program(self.queue, (kernel.global_size,), kernel.local_size, *handles)
 

@@ -10,7 +10,7 @@ from fusegrad import dtype as dt
 from fusegrad.graph import ops, symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
-from fusegrad.codegen.ir import Gather, GroupReduce, Load, Const, Index, Valid, Alu, Vectorize, Gep, VecDType
+from fusegrad.codegen.ir import Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Vectorize, Gep, VecDType
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen import passes
@@ -77,6 +77,11 @@ class Interpreter:
     local = k.local_size[0] if k.local_size else 1
     env = {sym.Var(passes.GIDX, 0, max(k.groups - 1, 0)): items // local}
     if k.local_size: env[sym.Var(passes.LIDX, 0, local - 1)] = items % local
+    if k.params:   # Device.param_handles: one block of 8-byte slots after the buffers
+      blk = np.asarray(handles[len(k.bufs)]).view(np.int64)
+      for i, d in enumerate(k.params):
+        v = blk[i:i + 1].view(np.float64)[0] if d.is_float else blk[i:i + 1].astype(d.np)[0]
+        env[("param", i)] = _cast(v, d).astype(_reg(d))
     self._run(0, len(self.listing), env, bufs, end - start)
 
   def _run(self, i, stop, env, bufs, n):
@@ -113,6 +118,7 @@ class Interpreter:
 
   def _value(self, v, a, env, bufs, n):
     if isinstance(v, Const): return np.asarray(v.value, dtype=_reg(v.dtype))
+    if isinstance(v, Param): return env[("param", v.slot)]
     if isinstance(v, Vectorize): return np.stack([np.broadcast_to(np.asarray(x), (n,)) for x in a], axis=-1)
     if isinstance(v, Gep): return np.asarray(a[0])[..., v.lane]
     if isinstance(v, (Load, Index)):

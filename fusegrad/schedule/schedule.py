@@ -13,11 +13,11 @@ import math
 import operator
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fusegrad import config
 from fusegrad.graph import ops
 from fusegrad.graph.node import Node
-from fusegrad.codegen.lower import analyze, build, NeedsRealize
+from fusegrad.codegen.lower import analyze, build, is_param, NeedsRealize
 from fusegrad.schedule import rules
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
 
@@ -41,10 +41,16 @@ class ScheduleItem:
   inputs: list
   kernel: Kernel | None = None
   why: str = ""             # why these outputs are not fused into their consumers (FUSEGRAD_DEBUG=3 prints it)
+  params: list = field(default_factory=list)   # the CONST nodes bound to the kernel's Params, by slot
+
+  def param_values(self) -> list: return [n.arg for n in self.params]
 
 
 def _needs_kernel(n: Node) -> bool:
   return not n.realized and n.op not in ("BUFFER",)
+
+
+_PARAM = ("param",)   # a kernel argument's place in a structure: its value is bound at launch (lower.is_param)
 
 
 def _arg_key(arg):
@@ -78,7 +84,7 @@ def _structure(roots: list[Node]) -> tuple[tuple, list[Node]]:
       continue
     a, src = n.arg, n.src
     push(n.op); push(n.dtype); push(n.shape); push(n.device)
-    push(a if a is None or not isinstance(a, (bool, int, float)) else _arg_key(a))
+    push(a if a is None or not isinstance(a, (bool, int, float)) else _PARAM if is_param(n) else _arg_key(a))
     push(len(src))
     for x in src: push(index[id(x)])
   for r in roots: push(index[id(r)])
@@ -99,7 +105,8 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
     n, done = stack.pop()
     if done:
       index[id(n)] = len(entries)
-      entries.append((n.op, n.dtype, n.shape, n.device, _arg_key(n.arg), tuple(index[id(s)] for s in n.src)))
+      entries.append((n.op, n.dtype, n.shape, n.device, _PARAM if is_param(n) else _arg_key(n.arg),
+                      tuple(index[id(s)] for s in n.src)))
       nodes.append(n)
       continue
     if id(n) in index: continue
@@ -120,20 +127,22 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
 stats = {"lower_calls": 0, "nodes_walked": 0, "schedule_hits": 0, "schedule_misses": 0, "replays": 0}
 
 
-def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
+def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], list[Node]]:
+  """(the kernel computing roots, its input nodes, the CONST nodes bound to its Params)"""
   with lock: return _lower_cached(roots, is_boundary)
 
 
-def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
+def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], list[Node]]:
   key, inputs, nodes = _signature(roots, is_boundary)
   stats["lower_calls"] += 1
   stats["nodes_walked"] += len(nodes)
   hit = _lower_cache.get(key)
   if hit is None:
     try:
-      k, ins = _lower_judged(roots, is_boundary)
+      k, ins, params = _lower_judged(roots, is_boundary)
       pos = {id(x): i for i, x in enumerate(inputs)}
-      hit = ("ok", k, tuple(pos[id(x)] for x in ins))
+      at = {id(x): i for i, x in enumerate(nodes)}
+      hit = ("ok", k, tuple(pos[id(x)] for x in ins), tuple(at[id(x)] for x in params))
     except NeedsRealize as e:
       hit = ("cut", nodes.index(e.node), e.why)
     _lower_cache[key] = hit
@@ -141,10 +150,10 @@ def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   else:
     _lower_cache.move_to_end(key)
   if hit[0] == "cut": raise NeedsRealize(nodes[hit[1]], hit[2])
-  return hit[1], [inputs[i] for i in hit[2]]
+  return hit[1], [inputs[i] for i in hit[2]], [nodes[i] for i in hit[3]]
 
 
-def _lower_judged(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
+def _lower_judged(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], list[Node]]:
   """Lower roots unless the fusion cannot be expressed (lowering's refusal) or a cost rule cuts it: either raises
   NeedsRealize naming the node to cut, with the reason for the log."""
   p = rules.params(roots[0].device)
@@ -153,7 +162,7 @@ def _lower_judged(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:
   if cut is None:
     k, ins = build(f)
     hit = rules.tile_operands(f, k, p)
-    if hit is None: return k, ins
+    if hit is None: return k, ins, f.b.params
     cut = hit[0], rules.reason("tile_operands", hit[1])
   raise NeedsRealize(*cut)
 
@@ -180,8 +189,8 @@ class CachedSchedule:
     return nodes + [Node(op, d, (), None, shape, dev) for op, d, shape, dev in self.extra]
 
   def items(self, nodes: list[Node]) -> list[ScheduleItem]:
-    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why)
-            for kind, outs, ins, k, why in self.entries]
+    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why, [nodes[i] for i in ps])
+            for kind, outs, ins, k, why, ps in self.entries]
 
 
 def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
@@ -209,7 +218,7 @@ def schedule(roots: list[Node]) -> tuple[list[ScheduleItem] | None, CachedSchedu
   items = _create_schedule(new_roots, cuts)
   if back:
     orig = lambda xs: [back.get(id(x), x) for x in xs]
-    items = [ScheduleItem(it.kind, orig(it.outputs), orig(it.inputs), it.kernel, it.why) for it in items]
+    items = [ScheduleItem(it.kind, orig(it.outputs), orig(it.inputs), it.kernel, it.why, it.params) for it in items]
   if config.DEBUG >= 3:
     for it in items: print(f"schedule: {it.kind.lower()} {it.outputs[0].op} {list(it.outputs[0].shape)}: {it.why}")
   pos = {id(n): i for i, n in enumerate(nodes)}
@@ -221,7 +230,8 @@ def schedule(roots: list[Node]) -> tuple[list[ScheduleItem] | None, CachedSchedu
         extra.append(o)
   try:
     entry = CachedSchedule([(it.kind, tuple(pos[id(o)] for o in it.outputs), tuple(pos[id(x)] for x in it.inputs),
-                             it.kernel, it.why) for it in items], tuple((o.op, o.dtype, o.shape, o.device) for o in extra))
+                             it.kernel, it.why, tuple(pos[id(x)] for x in it.params)) for it in items],
+                           tuple((o.op, o.dtype, o.shape, o.device) for o in extra))
   except KeyError:    # an item refers to a node outside the walked graph: do not cache this one
     return items, None, nodes + extra
   _schedule_cache[key] = entry
@@ -335,8 +345,8 @@ def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> l
     if n.numel == 0: items.append(ScheduleItem("EMPTY", [n], [], why=why[id(n)]))
     elif n.op == "COPY": items.append(ScheduleItem("COPY", [n], [n.src[0]], why=why[id(n)]))
     else:
-      k, inputs = lowered[id(n)]
-      items.append(ScheduleItem("KERNEL", [n], inputs, k, why[id(n)]))
+      k, inputs, params = lowered[id(n)]
+      items.append(ScheduleItem("KERNEL", [n], inputs, k, why[id(n)], params))
   return _merge_elementwise(items, is_boundary)
 
 
@@ -417,10 +427,10 @@ def _merge_elementwise(items: list[ScheduleItem], is_boundary) -> list[ScheduleI
     if any(j not in g and any(id(x) in members for x in items[j].inputs) for j in range(min(g), max(g))): continue
     outputs = [items[j].outputs[0] for j in g]
     try:
-      k, inputs = lower_cached(outputs, lambda n: is_boundary(n) and id(n) not in members)
+      k, inputs, params = lower_cached(outputs, lambda n: is_boundary(n) and id(n) not in members)
     except NeedsRealize:
       continue
-    merged[max(g)] = ScheduleItem("KERNEL", outputs, inputs, k, "; ".join(items[j].why for j in g))
+    merged[max(g)] = ScheduleItem("KERNEL", outputs, inputs, k, "; ".join(items[j].why for j in g), params)
     skip.update(g)
   out = []
   for i, it in enumerate(items):

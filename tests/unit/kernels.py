@@ -19,6 +19,7 @@ def run(item, opts, device: str = "PYTHON") -> np.ndarray:
   c = dev.compile_with(item.kernel, opts)
   outs = [rd.Buffer(dev, o.numel, o.dtype) for o in item.outputs]
   handles = [b.handle for b in outs] + [i.buffer.handle for i in item.inputs]
+  if item.kernel.params: handles += dev.param_handles(item.kernel, item.param_values())
   dev.launch(c.program, c.kernel, handles)
   return outs[0].numpy().reshape(item.outputs[0].shape)
 

@@ -127,6 +127,9 @@ class _Bench:
     for b, arg in zip(self.bufs, kernel.bufs):
       if not arg.output and b.size: b.copyin(_random(rng, arg.dtype, b.size))
     self.handles = [b.handle for b in self.bufs]
+    if kernel.params:   # Params bound to values of their dtype (any: the candidates are checked on the same)
+      self.handles += dev.param_handles(kernel, [float(np.float16(rng.uniform(0.5, 2))) if d.is_float else
+                                                 int(rng.integers(17, 100)) for d in kernel.params])
     c = dev.compile_with(kernel, ())
     self.ref = self.outputs(c.program, c.kernel)
 

@@ -11,7 +11,7 @@ import math
 from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
-from fusegrad.codegen.ir import Kernel, Gather, GroupReduce, Load, Const, Index, Valid, Alu, Reduce, Vectorize, Gep, VecDType
+from fusegrad.codegen.ir import Kernel, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Reduce, Vectorize, Gep, VecDType
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 
@@ -154,6 +154,7 @@ class CStyleRenderer:
     if isinstance(v, Vectorize): return self.vmake(v.dtype, a)
     if isinstance(v, Gep): return self.gep(a[0], v.lane)
     if isinstance(v, Const): return self.literal(v.value, v.dtype)
+    if isinstance(v, Param): return f"p{v.slot}"
     if isinstance(v, Gather):
       return f"(({a[0]})>=0&&({a[0]})<{v.size}?{self.load(v.buf, a[0], v.dtype)}:{self.literal(0, v.dtype)})"
     if isinstance(v, Index):
@@ -229,6 +230,10 @@ class CStyleRenderer:
       out.append(f"static inline {t} fg_imod_{d.name}({t} a, {t} b) {{ return (b == 0 || b == -1) ? 0 : ({t})(a % b); }}"
                  if d.is_signed else f"static inline {t} fg_imod_{d.name}({t} a, {t} b) {{ return b == 0 ? 0 : ({t})(a % b); }}")
     return "\n".join(out)
+
+  def param_args(self, k: Kernel) -> list[str]:
+    """A kernel's scalar arguments (ir.Param), each in its register type."""
+    return [f"{self.reg_type(d)} p{i}" for i, d in enumerate(k.params)]
 
   def render(self, k: Kernel, listing: list) -> str:
     raise NotImplementedError
@@ -383,7 +388,7 @@ class CRenderer(CStyleRenderer):
     args = []
     for i, b in enumerate(k.bufs):
       args.append(f"{'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
-    args += ["long long start", "long long end"]
+    args += self.param_args(k) + ["long long start", "long long end"]
     guarded = any(isinstance(st, Let) and (isinstance(st.val, Gather) or
                                            (isinstance(st.val, Load) and not st.val.valid.is_true)) for st in listing)
     attrs = {(True, True): "FG_BLOCKED_GUARDED ", (True, False): "FG_BLOCKED ", (False, True): "FG_GUARDED ",
@@ -392,9 +397,13 @@ class CRenderer(CStyleRenderer):
              f"  for (long long gidx = start; gidx < end; gidx++) {{"]
     lines += self.body(listing, k, "    ")
     lines += ["  }", "}"]
-    # one signature for every kernel, for the native launcher (runtime/cpu_pool.c)
+    # one signature for every kernel, for the native launcher (runtime/cpu_pool.c); the Params' values follow the
+    # buffers in one block of 8-byte slots (runtime/device.param_block)
+    n = len(k.bufs)
+    params = "".join(f"({self.reg_type(d)})((const {'double' if d.is_float else 'long long'}*)b[{n}])[{i}], "
+                     for i, d in enumerate(k.params))
     lines += [f"void {k.name}_entry(void** b, long long start, long long end) {{",
-              f"  {k.name}({''.join(f'b[{i}], ' for i in range(len(k.bufs)))}start, end);", "}"]
+              f"  {k.name}({''.join(f'b[{i}], ' for i in range(n))}{params}start, end);", "}"]
     return "\n".join(lines) + "\n"
 
 
@@ -471,6 +480,7 @@ class OpenCLRenderer(CStyleRenderer):
     args = []
     for i, b in enumerate(k.bufs):
       args.append(f"__global {'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
+    args += self.param_args(k)
     t = self.index_type_of(k)
     ids = [f"  {t} gidx = get_group_id(0);", f"  {t} lidx = get_local_id(0);"] if k.local_size else \
           [f"  {t} gidx = get_global_id(0);"]

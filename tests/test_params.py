@@ -1,0 +1,128 @@
+"""Python numbers in a graph are kernel arguments (codegen/ir.Param), not literals of the source: a value that
+changes every step (a learning rate, a loss scale, an offset) reuses one compiled program and one schedule, and
+binds its value at each launch. Values a compiler simplifies on (zero, powers of two, small integers) stay
+literals."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import fusegrad as fg
+from fusegrad.runtime import device as rd
+from fusegrad.schedule import schedule as sched
+from fusegrad.schedule.schedule import create_schedule
+
+
+def _kernel(t: fg.Tensor):
+  items = [it for it in create_schedule([t.node]) if it.kind == "KERNEL"]
+  assert len(items) == 1
+  return items[0]
+
+
+def test_changing_scalar_compiles_once(rng):
+  """10^4 steps of an update with a new Python float each step: after the first, no program is compiled, rendered
+  or scheduled again, and every step's value is right."""
+  dev = rd.get("CPU")
+  w0 = rng.standard_normal(64).astype(np.float32)
+  g = fg.Tensor(rng.standard_normal(64).astype(np.float32))
+  w = fg.Tensor(w0)
+  ref = w0.copy()
+  gn = g.numpy()
+  lrs = rng.uniform(1e-4, 1e-2, 10_000)
+  w = (w - float(lrs[0]) * g * 0.999).realize()
+  ref = ref - np.float32(lrs[0]) * gn * np.float32(0.999)
+  compiles, programs, prepared = dev.compiles, len(dev.programs), len(dev.by_kernel)
+  misses = sched.stats["schedule_misses"]
+  for i, lr in enumerate(lrs[1:]):
+    w = (w - float(lr) * g * 0.999).realize()
+    ref = ref - np.float32(lr) * gn * np.float32(0.999)
+    if i % 2500 == 0: np.testing.assert_allclose(w.numpy(), ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(w.numpy(), ref, rtol=1e-4, atol=1e-5)
+  assert dev.compiles == compiles
+  assert len(dev.programs) == programs and len(dev.by_kernel) == prepared
+  assert sched.stats["schedule_misses"] == misses
+
+
+@pytest.mark.parametrize("value,literal", [(0.3, False), (1e-5, False), (-7.25, False), (2.0, True), (0.5, True),
+                                           (0.0, True), (float("inf"), True)])
+def test_which_constants_are_arguments(value, literal, rng):
+  x = fg.Tensor(rng.standard_normal(16).astype(np.float32))
+  item = _kernel(x * value + 1.0)
+  assert item.kernel.params == (() if literal else (fg.float32,))
+  assert item.param_values() == ([] if literal else [float(np.float32(value))])
+  src = rd.get("CPU").kernel_program(item.kernel)[1]
+  assert ("p0" in src) != literal
+
+
+@pytest.mark.parametrize("dtype,values", [
+  ("float32", (0.3, -1.7)), ("float64", (0.1, 1e-300)), ("float16", (0.3, 3.7)), ("bfloat16", (0.3, 1.9)),
+  ("int32", (37, -1000003)), ("int64", (3_000_000_007, -(2 ** 40) - 3)), ("uint8", (37, 200)),
+  ("uint32", (4_000_000_007, 99))])
+def test_argument_values_of_every_dtype(device, dtype, values, rng):
+  """Two values of one dtype through one program, each as numpy computes it in that dtype."""
+  d = getattr(fg, dtype)
+  npd = np.float32 if dtype == "bfloat16" else np.dtype(dtype)
+  base = rng.integers(0, 50, 32) if d.is_int else rng.standard_normal(32)
+  x = fg.Tensor(base.astype(npd if dtype != "bfloat16" else np.float32), device=device)
+  if dtype == "bfloat16": x = x.to(fg.bfloat16)
+  kernels = set()
+  for v in values:
+    out = x + v
+    kernels.add(id(_kernel(out).kernel))
+    assert out.dtype == d
+    got = out.float().numpy() if dtype == "bfloat16" else out.numpy()
+    if dtype == "bfloat16":
+      from fusegrad.runtime.python import bf16_round_trip
+      want = bf16_round_trip(bf16_round_trip(x.float().numpy()) + bf16_round_trip(np.float32(v)))
+      np.testing.assert_array_equal(got, want)
+    elif d.is_int:
+      want = base.astype(npd) + np.array(v).astype(npd)
+      np.testing.assert_array_equal(got, want)
+    else:
+      want = (base.astype(npd) + npd.type(v)).astype(npd)
+      np.testing.assert_allclose(got, want, rtol=1e-3 if dtype == "float16" else 1e-6)
+  assert len(kernels) == 1
+
+
+def test_replayed_schedule_binds_this_graphs_values(device, rng):
+  """A cached schedule's plan (the fast path of a repeated step) reads each run's constants."""
+  a = rng.standard_normal((8, 16)).astype(np.float32)
+  x = fg.Tensor(a, device=device)
+  for s in (0.3, 1.7, -2.9, 0.3):
+    y = ((x * s).exp().sum(1) + s / 3).numpy()
+    np.testing.assert_allclose(y, np.exp(a * np.float32(s)).sum(1) + np.float32(s / 3), rtol=1e-5)
+
+
+def test_padding_value_is_an_argument(device, rng):
+  a = rng.standard_normal((3, 5)).astype(np.float32)
+  x = fg.Tensor(a, device=device)
+  for v in (3.7, -0.3):
+    y = fg.nn.functional.pad(x, (1, 2), value=v) * 1.3
+    np.testing.assert_allclose(y.numpy(), np.pad(a, ((0, 0), (1, 2)), constant_values=np.float32(v)) * np.float32(1.3),
+                               rtol=1e-6)
+
+
+def test_jit_replays_its_captured_arguments(rng):
+  a = rng.standard_normal(32).astype(np.float32)
+
+  @fg.jit
+  def step(x): return (x * 0.37 + 1.1).exp()
+  for _ in range(4):
+    np.testing.assert_allclose(step(fg.Tensor(a)).numpy(), np.exp(a * np.float32(0.37) + np.float32(1.1)), rtol=1e-6)
+
+
+def test_beam_search_on_a_kernel_with_arguments(rng, tmp_path, monkeypatch):
+  monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+  a = rng.standard_normal((16, 64)).astype(np.float32)
+  with fg.beam(1):
+    y = (fg.Tensor(a) * 0.3 + 0.7).sum(1).numpy()
+  np.testing.assert_allclose(y, (a * np.float32(0.3) + np.float32(0.7)).sum(1), rtol=1e-5)
+
+
+def test_selects_of_an_argument_on_one_condition(device, rng):
+  """gcc 12.2 with AVX-512 vectorized this wrong once jump threading had split the selects' paths (runtime/cpu.py
+  compiles with -fno-thread-jumps): the shape of binary_cross_entropy_with_logits' gradient."""
+  a = (rng.standard_normal(40) * 3).astype(np.float32)
+  x = fg.Tensor(a, device=device)
+  m = x <= 0
+  for s in (0.05, 0.3):
+    y = (fg.where(m, 0.0, s) + fg.where(m, s, 0.0)) * fg.where(m, x, -x)
+    np.testing.assert_allclose(y.numpy(), np.float32(s) * -np.abs(a), rtol=1e-6)
