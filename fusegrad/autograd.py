@@ -298,6 +298,19 @@ def _unfold_rule(arg, inputs, out, g):
   return (total,)
 
 
+def _unfold_flat_rule(arg, inputs, out, g):
+  # w[b, p, k] = x[b, p + off(k)]: dx is the sum over kernel offsets of g[:, :, k] shifted to its offset
+  import itertools
+  kernel, steps, length = arg
+  L = inputs[0].shape[1]
+  total = None
+  for k in itertools.product(*[range(n) for n in kernel]):
+    off = sum(i * s for i, s in zip(k, steps))
+    t = g[(slice(None), slice(None)) + k].pad((off, L - off - length))
+    total = t if total is None else total + t
+  return (total,)
+
+
 RULES = {
   "ALU": lambda arg, ins, out, g: _alu_rule(arg, ins, out, g),
   "CAST": lambda arg, ins, out, g: (g.to(ins[0].dtype) if ins[0].dtype.is_float else None,),
@@ -308,6 +321,7 @@ RULES = {
   "MATMUL": _matmul_rule,
   "WINDOW": _window_rule,
   "UNFOLD": _unfold_rule,
+  "UNFOLD_FLAT": _unfold_flat_rule,
   "CONTIGUOUS": lambda arg, ins, out, g: (g,),
   "SIGMOID": lambda arg, ins, out, g: (_sigmoid_grad(ins[0], out, g),),
   "EXPM1": lambda arg, ins, out, g: (g * ins[0].exp(),),   # not out + 1, which is 0 where expm1 rounds to -1

@@ -1398,6 +1398,20 @@ def _unfold(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple) -> Tensor:
   return flat._prim("UNFOLD", (tuple(kernel), tuple(stride), tuple(dilation)), node).reshape(*lead, *out, *kernel)
 
 
+def _unfold_flat(x: Tensor, kernel: tuple, steps: tuple, length: int) -> Tensor:
+  """Windows along a flat last dim at fixed offsets (a view, no copy): x[B, L] -> w[B, length, *kernel] with
+  w[b, p, k] = x[b, p + sum(k_i * steps_i)]. A stride-1 convolution over rows flattened whole reads its input so
+  (nn/functional._conv_rows): the output position p is one stride-1 index, whatever the number of spatial dims."""
+  from fusegrad.graph.view import View
+  B, L = x.shape
+  if length + builtins.sum((k - 1) * s for k, s in zip(kernel, steps)) > L:
+    raise RuntimeError(f"internal error: windows of {length} positions at offsets up to "
+                       f"{builtins.sum((k - 1) * s for k, s in zip(kernel, steps))} overrun a row of {L}")
+  v = View((B, length, *kernel), (L, 1, *steps), 0, None)
+  node = gn.make("VIEW", x.dtype, (x.node,), v, v.shape, x.device)
+  return x._prim("UNFOLD_FLAT", (tuple(kernel), tuple(steps), length), node)
+
+
 def _check_device_dtype(device: str, d: DType) -> None:
   dev = rd.get(device)
   if d not in dev.supported:

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import fusegrad as fg
 from fusegrad import dtype as dt
-from fusegrad.tensor import Tensor, _index_in_range, _moments, _take_rows, _unfold, where, HALF_FLOATS, _result_type
+from fusegrad.tensor import Tensor, _index_in_range, _moments, _take_rows, _unfold, _unfold_flat, where, HALF_FLOATS, _result_type
 
 # ---- activations (the Tensor methods, as functions) ----------------------------------------------------------
 
@@ -141,15 +141,55 @@ def _convnd(input: Tensor, weight: Tensor, bias, stride, padding, dilation, grou
     if xp.shape[2 + i] < dilation[i] * (ks[i] - 1) + 1:
       raise RuntimeError(f"Calculated padded input size per channel: {tuple(xp.shape[2:])}. Kernel size: {tuple(ks)}. "
                          f"Kernel size can't be greater than actual input size")
+  G, Og = groups, O // groups
+  rows = _conv_rows(xp, weight, bias, ks, stride, dilation, G)
+  if rows is not None: return rows.squeeze(0) if unbatched else rows
   cols = _unfold(xp, ks, stride, dilation)                    # [N, C, *out, *ks]
   out = cols.shape[2:2 + nd]
-  G, Og = groups, O // groups
   cols = cols.reshape(N, G, Cg, *out, *ks)
   cols = cols.permute(0, 1, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd)).unsqueeze(2)   # [N,G,1,*out,Cg,*ks]
   w = weight.reshape(1, G, Og, *(1,) * nd, Cg, *ks)
   y = (cols * w).sum(tuple(range(-(nd + 1), 0))).reshape(N, O, *out)
   if bias is not None: y = y + bias.reshape(1, O, *(1,) * nd)
   return y.squeeze(0) if unbatched else y
+
+
+# a row-flattened convolution computes outputs for whole padded rows, the extra columns thrown away: it is used
+# while they are at most this fraction of the outputs kept
+ROWS_WASTE = 0.25
+# ...and its flat output length is rounded up to a multiple of this (the CPU's register tile is 2 vectors of 16)
+ROWS_MULTIPLE = 32
+
+
+def _conv_rows(xp: Tensor, weight: Tensor, bias, ks: tuple, stride: tuple, dilation: tuple, G: int):
+  """A stride-1 convolution of 2 or more spatial dims as a matmul over rows flattened whole, or None when it does
+  not pay. The padded input is stored contiguous and read flat (`tensor._unfold_flat`), so each output position
+  p = o_0 * (row length) + o_1 * ... is one index that every kernel offset reads at p + offset: the reduction is a
+  matmul of the weights [O, Cg * math.prod(ks)] by those windows, with stride-1 loads along p and no padding
+  conditions (a register tile of output channels by vectors of positions, as a matmul's). Outputs are computed
+  for the whole padded rows (positions past a row's end read the next row: garbage, cut away by the final view)
+  and stored with the bias added; the result is a view of that store."""
+  nd = len(ks)
+  if nd < 2 or builtins.any(s != 1 for s in stride): return None
+  N, C, *sp = xp.shape
+  O, Cg = weight.shape[:2]
+  cs = [math.prod(sp[i + 1:]) for i in range(nd)]
+  out = [s - d * (k - 1) for s, k, d in zip(sp, ks, dilation)]
+  length = out[0] * cs[0]
+  padded = -(-length // ROWS_MULTIPLE) * ROWS_MULTIPLE
+  if padded > (1 + ROWS_WASTE) * math.prod(out): return None
+  steps = tuple(d * c for d, c in zip(dilation, cs))
+  L = padded + builtins.sum((k - 1) * s for k, s in zip(ks, steps))
+  flat = xp.reshape(N * C, math.prod(sp)).pad((0, L - math.prod(sp))).contiguous()
+  cols = _unfold_flat(flat, ks, steps, padded)                                 # [N*C, P, *ks]
+  cols = cols.reshape(N, G, Cg, padded, *ks).transpose(2, 3).unsqueeze(2)      # [N, G, 1, P, Cg, *ks]
+  w = weight.reshape(1, G, O // G, 1, Cg, *ks)
+  y = (cols * w).sum(tuple(range(-(nd + 1), 0))).reshape(N, O, padded)
+  if bias is not None: y = y + bias.reshape(1, O, 1)
+  y = y.contiguous()
+  y = y.narrow(2, 0, length).reshape(N, O, out[0], *sp[1:])
+  for i in range(1, nd): y = y.narrow(2 + i, 0, out[i])
+  return y
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:

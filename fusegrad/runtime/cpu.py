@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import replace
 import numpy as np
 from fusegrad import config
 from fusegrad.runtime import cache
@@ -120,9 +121,23 @@ def _host_id() -> str:
   return platform.machine() + platform.system() + info
 
 
+@functools.lru_cache(None)
+def host_vectors() -> tuple[int, int, str]:
+  """(vector registers, float32 lanes in one, the ISA's name) of this CPU, which -march=native compiles for."""
+  flags = set()
+  for line in _host_id().splitlines():
+    if line.startswith(("flags", "Features")): flags |= set(line.split(":", 1)[1].split())
+  if "avx512f" in flags: return 32, 16, "AVX-512"
+  if "avx2" in flags: return 16, 8, "AVX2"
+  if "asimd" in flags or platform.machine() in ("aarch64", "arm64"): return 32, 4, "NEON"
+  return 16, 4, "SSE"
+
+
 class CPUDevice(Device):
   def __init__(self):
     super().__init__("CPU", CRenderer())
+    regs, lanes, _ = host_vectors()
+    self._caps = replace(self.renderer.caps, vector_registers=regs, native_lanes=lanes)
     self.threads = config.THREADS or os.cpu_count() or 1
     self._run = None          # the native launcher, built on first use
     self.compiles = 0         # compiler invocations in this process (tests read it)
@@ -130,6 +145,9 @@ class CPUDevice(Device):
     self._launcher_lock = threading.Lock()
     self._tmp = tempfile.mkdtemp(prefix="fusegrad-")
     atexit.register(shutil.rmtree, self._tmp, True)
+
+  @property
+  def caps(self): return self._caps
 
   def alloc(self, nbytes: int):
     # 64-byte aligned (a cache line, an AVX-512 vector): misaligned vector loads measured 1.5x slower

