@@ -33,9 +33,11 @@ def small_bound(device):
 
 
 def _distinct(device, i: int, rng) -> tuple:
-  """A kernel no other test compiles (its size and constant are baked into the source) and its expected value."""
+  """A kernel no other test compiles (its size and a literal constant, a power of two, are in the source; other
+  numbers are kernel arguments) and its expected value."""
   x = rng.standard_normal(1000 + i).astype(np.float32)
-  return fg.Tensor(x, device=device) * 3.25 + (0.5 + i), x * np.float32(3.25) + np.float32(0.5 + i)
+  c = 2.0 ** -(i + 5)
+  return fg.Tensor(x, device=device) * 3.25 + c, x * np.float32(3.25) + np.float32(c)
 
 
 def test_program_cache_is_lru_bounded(device, small_bound, rng):

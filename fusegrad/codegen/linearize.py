@@ -203,7 +203,8 @@ def format_listing(listing: list) -> str:
       v = st.val
       what = type(v).__name__ + (f" {v.op}" if hasattr(v, "op") else "")
       extra = f" b{v.buf}[{v.idx!r}]" if hasattr(v, "idx") and hasattr(v, "buf") else \
-          f" b{v.buf}" if hasattr(v, "buf") else f" {v.value!r}" if hasattr(v, "value") else ""
+          f" b{v.buf}" if hasattr(v, "buf") else f" {v.value!r}" if hasattr(v, "value") else \
+          f" p{v.slot}" if hasattr(v, "slot") else ""
       lines.append(f"{ind}{st.name} = {what}{extra}({', '.join(st.args)})")
     elif isinstance(st, Acc): lines.append(f"{ind}{st.name} = identity of {st.reduce.op}")
     elif isinstance(st, Update): lines.append(f"{ind}{st.name} = {st.reduce.op}({st.name}, {', '.join(st.args)})")

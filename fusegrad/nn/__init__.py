@@ -4,8 +4,8 @@ Layers are compositions of lazy Tensor ops (`nn.functional`), so a model's forwa
 backward pass and the optimizer's update fuse like any other graph.
 """
 from fusegrad.nn.module import Module, Parameter, Sequential, ModuleList, ModuleDict
-from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, MaxPool1d, MaxPool2d,
-                                AvgPool1d, AvgPool2d, AdaptiveAvgPool1d, AdaptiveAvgPool2d, BatchNorm1d, BatchNorm2d,
+from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d,
+                                ConvTranspose3d, MaxPool1d, MaxPool2d, AvgPool1d, AvgPool2d, AdaptiveAvgPool1d, AdaptiveAvgPool2d, BatchNorm1d, BatchNorm2d,
                                 LayerNorm, RMSNorm, GroupNorm, Embedding, Dropout, Flatten, Unflatten,
                                 MultiheadAttention, ReLU, ReLU6, LeakyReLU, ELU, GELU, SiLU, Mish, Softplus, Sigmoid,
                                 Tanh, Hardtanh, Hardsigmoid, Hardswish, LogSigmoid, Softmax, LogSoftmax, MSELoss,

@@ -200,6 +200,10 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
   return _convnd(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
 
 
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+  return _convnd(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
+
+
 def _spread(x: Tensor, dim: int, s: int) -> Tensor:
   """Insert s-1 zeros between neighbouring elements along dim (movement ops only)."""
   if s == 1: return x
@@ -243,6 +247,10 @@ def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_paddi
 
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1):
   return _conv_transposend(input, weight, bias, stride, padding, output_padding, groups, dilation, 2, "conv_transpose2d")
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1):
+  return _conv_transposend(input, weight, bias, stride, padding, output_padding, groups, dilation, 3, "conv_transpose3d")
 
 
 # ---- pooling ---------------------------------------------------------------------------------------------------

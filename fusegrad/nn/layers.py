@@ -105,7 +105,7 @@ class _ConvNd(Module):
 
 
 class _Conv(_ConvNd):
-  """Conv1d/Conv2d: PyTorch's constructor order (padding_mode before device)."""
+  """Conv1d/2d/3d: PyTorch's constructor order (padding_mode before device)."""
   def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                padding_mode="zeros", device=None, dtype=None):
     super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
@@ -117,7 +117,7 @@ class _Conv(_ConvNd):
 
 
 class _ConvTranspose(_ConvNd):
-  """ConvTranspose1d/2d: PyTorch's constructor order (output_padding after padding, dilation after bias)."""
+  """ConvTranspose1d/2d/3d: PyTorch's constructor order (output_padding after padding, dilation after bias)."""
   _transposed = True
   def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1, bias=True,
                dilation=1, padding_mode="zeros", device=None, dtype=None):
@@ -132,8 +132,10 @@ class _ConvTranspose(_ConvNd):
 
 class Conv1d(_Conv): _nd = 1
 class Conv2d(_Conv): _nd = 2
+class Conv3d(_Conv): _nd = 3
 class ConvTranspose1d(_ConvTranspose): _nd = 1
 class ConvTranspose2d(_ConvTranspose): _nd = 2
+class ConvTranspose3d(_ConvTranspose): _nd = 3
 
 
 class _MaxPoolNd(Module):

@@ -1,0 +1,87 @@
+"""Stride-1 convolutions of 2 or more spatial dims run as a matmul over padded rows flattened whole
+(nn/functional._conv_rows): the same values and gradients as PyTorch, and the kernels a matmul gets."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+import fusegrad as fg
+import fusegrad.nn.functional as F
+
+
+CASES = [
+  # (input shape, weight shape, padding, dilation, groups)
+  ((2, 3, 12, 14), (5, 3, 3, 3), 1, 1, 1),
+  ((1, 4, 11, 13), (6, 2, 3, 2), (1, 0), (2, 1), 2),
+  ((2, 2, 6, 7, 9), (3, 2, 3, 3, 3), 1, 1, 1),
+  ((3, 8, 9, 9), (8, 1, 3, 3), 1, 1, 8),            # depthwise
+  ((1, 3, 10, 10), (4, 3, 1, 1), 0, 1, 1),          # 1x1
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_values_and_gradients_match_torch(device, case, rng):
+  xs, ws, pad, dil, groups = CASES[case]
+  a = rng.standard_normal(xs).astype(np.float32)
+  w = rng.standard_normal(ws).astype(np.float32)
+  b = rng.standard_normal(ws[0]).astype(np.float32)
+  conv = {4: (F.conv2d, torch.nn.functional.conv2d), 5: (F.conv3d, torch.nn.functional.conv3d)}[len(xs)]
+  x, tw, tb = (fg.Tensor(v, device=device, requires_grad=True) for v in (a, w, b))
+  y = conv[0](x, tw, tb, padding=pad, dilation=dil, groups=groups)
+  g = rng.standard_normal(y.shape).astype(np.float32)
+  (y * fg.Tensor(g, device=device)).sum().backward()
+  rx, rw, rb = (torch.tensor(v, requires_grad=True) for v in (a, w, b))
+  ry = conv[1](rx, rw, rb, padding=pad, dilation=dil, groups=groups)
+  (ry * torch.tensor(g)).sum().backward()
+  assert y.shape == tuple(ry.shape) and y.dtype == fg.float32
+  np.testing.assert_allclose(y.numpy(), ry.detach().numpy(), rtol=1e-4, atol=1e-4)
+  for got, want in ((x.grad, rx.grad), (tw.grad, rw.grad), (tb.grad, rb.grad)):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_conv_transpose_of_stride_one(rng):
+  a = rng.standard_normal((2, 4, 9, 10)).astype(np.float32)
+  w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+  y = F.conv_transpose2d(fg.Tensor(a), fg.Tensor(w), padding=1)
+  want = torch.nn.functional.conv_transpose2d(torch.tensor(a), torch.tensor(w), padding=1)
+  np.testing.assert_allclose(y.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_are_a_pad_copy_and_a_tiled_matmul(rng):
+  """A 3x3 convolution with padding and bias: the padded input stored once (a plain copy), then one register-tiled
+  reduction with the bias added; the result is a view of it."""
+  a = rng.standard_normal((2, 16, 30, 30)).astype(np.float32)
+  w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+  b = rng.standard_normal(32).astype(np.float32)
+  x, tw, tb = fg.Tensor(a).realize(), fg.Tensor(w).realize(), fg.Tensor(b).realize()
+  with fg.track() as t:
+    y = F.conv2d(x, tw, tb, padding=1).relu().numpy()
+  names = [k.name for k in t.kernels]
+  assert len(names) == 3, names
+  conv = max(t.kernels, key=lambda k: k.flops)
+  assert conv.flops >= 2 * 2 * 32 * 16 * 9 * 30 * 30
+  assert any(o.op.name == "UPCAST" for o in conv.opts) and "fg_float32x" in conv.source, conv.opts
+  want = torch.nn.functional.conv2d(torch.tensor(a), torch.tensor(w), torch.tensor(b), padding=1).relu().numpy()
+  np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_strided_and_wasteful_shapes_keep_the_window_path(rng):
+  """A strided convolution, and one whose padded rows would mostly be thrown away, use the window view (one
+  kernel) and still match."""
+  for xs, ws, stride, pad in (((1, 3, 16, 16), (4, 3, 3, 3), 2, 1), ((1, 2, 4, 4), (3, 2, 3, 3), 1, 3)):
+    a = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    x, tw = fg.Tensor(a).realize(), fg.Tensor(w).realize()
+    with fg.track() as t:
+      y = F.conv2d(x, tw, stride=stride, padding=pad).numpy()
+    assert len(t.kernels) == 1
+    want = torch.nn.functional.conv2d(torch.tensor(a), torch.tensor(w), stride=stride, padding=pad).numpy()
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv3d_modules_match_torch(rng):
+  for fl, tl, args in ((fg.nn.Conv3d, torch.nn.Conv3d, (3, 4, 3)), (fg.nn.ConvTranspose3d, torch.nn.ConvTranspose3d, (3, 4, 2))):
+    t = tl(*args, padding=1)
+    m = fl(*args, padding=1)
+    m.load_state_dict({k: fg.Tensor(v.detach().numpy()) for k, v in t.state_dict().items()})
+    a = rng.standard_normal((2, 3, 5, 6, 7)).astype(np.float32)
+    np.testing.assert_allclose(m(fg.Tensor(a)).numpy(), t(torch.tensor(a)).detach().numpy(), rtol=1e-4, atol=1e-4)
