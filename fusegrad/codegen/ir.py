@@ -10,7 +10,7 @@ register axes, binding of work-item indices), linearization and rendering.
 """
 from __future__ import annotations
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fusegrad.dtype import DType
 from fusegrad.graph import symbolic as sym
 
@@ -189,6 +189,10 @@ class Kernel:
   opts: tuple = ()       # the optimizer's actions applied to the canonical kernel (codegen/opt), in order
   tiled: bool = False    # output axes were expanded in registers (codegen/passes.expand): a register tile
   params: tuple = ()     # tuple[DType]: the dtype of each scalar argument (ir.Param), bound at launch
+  arg_vars: tuple = ()   # tuple[sym.ArgVar]: the arguments used in index expressions (their slots are int64 params)
+  # the arguments' values where the kernel was first lowered (for a search's trial runs: an index argument must
+  # keep reads in bounds); not part of what the kernel is
+  example: tuple = field(default=(), compare=False, repr=False)
 
   def of_kind(self, *kinds) -> tuple:
     return tuple(a for a in self.axes if a.kind in kinds)
@@ -264,11 +268,16 @@ def toposort(roots) -> list:
   return out
 
 
+def axis_variables(idx) -> set:
+  """The loop variables of an index (its kernel arguments, sym.ArgVar, are no loop)."""
+  return {x for x in sym.variables(idx) if not isinstance(x, sym.ArgVar)}
+
+
 def dependencies(roots) -> dict:
   """id(val) -> frozenset of the symbolic Vars the value depends on (a reduction's own loops excluded)."""
   deps = {}
   for v in toposort(roots):
-    if isinstance(v, (Load, Index)): d = sym.variables(v.idx) | v.valid.variables()
+    if isinstance(v, (Load, Index)): d = axis_variables(v.idx) | v.valid.variables()
     elif isinstance(v, Valid): d = v.cond.variables()
     elif isinstance(v, (Const, Param)): d = set()
     elif isinstance(v, Reduce):

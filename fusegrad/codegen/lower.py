@@ -36,6 +36,11 @@ _OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF", "
 _WORK_COST = {**_OP_COST, "SIN": 16, "COS": 16, "TAN": 16, "ATAN": 16, "ATAN2": 16}
 
 
+def param_value(n: Node):
+  """The value a Param slot bound to node n takes: a constant's, or a view's offset into its buffer."""
+  return n.arg.offset if n.op == "VIEW" else n.arg
+
+
 def is_param(n: Node) -> bool:
   """Does the node become a kernel argument (ir.Param) rather than a literal? (the scheduler keys its caches by
   this too: a Param's value is not part of a kernel's structure)"""
@@ -106,6 +111,16 @@ class _Builder:
       self.params.append(n)
     return Param(self.param_pos[id(n)], n.dtype)
 
+  def offset_param(self, n: Node, src: Node) -> sym.ArgVar:
+    """The offset of view n into the buffer of src (a leaf), as a kernel argument: reads of the same buffer at
+    another offset (an RNN's step t, a cache position) share the program."""
+    if id(n) not in self.param_pos:
+      self.param_pos[id(n)] = len(self.params)
+      self.params.append(n)
+    slot = self.param_pos[id(n)]
+    bound = n.numel + src.numel
+    return sym.ArgVar(f"p{slot}", -bound, bound, slot)
+
   def ev(self, n: Node, idx: tuple, gate: sym.Cond):
     key = (id(n), idx, gate)
     v = self.memo.get(key)
@@ -147,7 +162,10 @@ class _Builder:
       flat, valid = n.arg.index(idx)
       src = n.src[0]
       if valid.false: return Const(n.dtype.np(0).item(), n.dtype)   # padding only: the source is not read
-      if self._is_leaf(src): return self._leaf(src, flat, gate & valid)
+      if self._is_leaf(src):
+        if src.op not in ("CONST", "IOTA") or src.realized:   # a load: its offset is an argument
+          flat = flat - n.arg.offset + self.offset_param(n, src)
+        return self._leaf(src, flat, gate & valid)
       if any(st == 0 and s > 1 for st, s in zip(n.arg.strides, n.arg.shape)) and src not in self.expanded:
         self.expanded.append(src)
         why = self.on_expand(src, self._is_leaf) if self.on_expand is not None else None
@@ -274,8 +292,11 @@ def build(f: Fusion) -> tuple[Kernel, list[Node]]:
   kind = "r" if reduces else "E"
   name = f"{kind}_{'_'.join(str(s) for s in shape) or 'scalar'}"
   flops, weighted = _estimate_flops(vals, gsize, gvars)
+  arg_vars = tuple(sorted({x for st in stores for v in toposort([st.value]) if isinstance(v, Load)
+                           for x in sym.variables(v.idx) if isinstance(x, sym.ArgVar)}, key=lambda x: x.slot))
   k = Kernel(name, bufs, tuple(axes), stores, flops, cost=weighted + sum(b.size for b in bufs),
-             params=tuple(n.dtype for n in b.params))
+             params=tuple(dt.int64 if n.op == "VIEW" else n.dtype for n in b.params), arg_vars=arg_vars,
+             example=tuple(param_value(n) for n in b.params))
   return k, b.inputs
 
 

@@ -35,6 +35,13 @@ class Var(Expr):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
+class ArgVar(Var):
+  """A kernel argument used in an index (codegen/ir: the value of Kernel.params[slot], bound at each launch; a
+  view's offset into a buffer), not a loop: one program serves every value within [lo, hi]."""
+  slot: int = 0
+
+
+@dataclass(frozen=True, eq=True, repr=False)
 class Div(Expr):
   x: "Lin"
   c: int

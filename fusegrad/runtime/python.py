@@ -82,6 +82,7 @@ class Interpreter:
       for i, d in enumerate(k.params):
         v = blk[i:i + 1].view(np.float64)[0] if d.is_float else blk[i:i + 1].astype(d.np)[0]
         env[("param", i)] = _cast(v, d).astype(_reg(d))
+      for a in k.arg_vars: env[a] = int(blk[a.slot])
     self._run(0, len(self.listing), env, bufs, end - start)
 
   def _run(self, i, stop, env, bufs, n):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from fusegrad import config
 from fusegrad.graph import ops
 from fusegrad.graph.node import Node
-from fusegrad.codegen.lower import analyze, build, is_param, NeedsRealize
+from fusegrad.codegen.lower import analyze, build, is_param, param_value, NeedsRealize
 from fusegrad.schedule import rules
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
 
@@ -43,7 +43,7 @@ class ScheduleItem:
   why: str = ""             # why these outputs are not fused into their consumers (FUSEGRAD_DEBUG=3 prints it)
   params: list = field(default_factory=list)   # the CONST nodes bound to the kernel's Params, by slot
 
-  def param_values(self) -> list: return [n.arg for n in self.params]
+  def param_values(self) -> list: return [param_value(n) for n in self.params]
 
 
 def _needs_kernel(n: Node) -> bool:
@@ -51,6 +51,11 @@ def _needs_kernel(n: Node) -> bool:
 
 
 _PARAM = ("param",)   # a kernel argument's place in a structure: its value is bound at launch (lower.is_param)
+
+
+def _view_key(v) -> tuple:
+  """A view over a buffer, keyed without its offset: lowering makes the offset a kernel argument."""
+  return ("view", v.shape, v.strides, v.mask)
 
 
 def _arg_key(arg):
@@ -84,7 +89,8 @@ def _structure(roots: list[Node]) -> tuple[tuple, list[Node]]:
       continue
     a, src = n.arg, n.src
     push(n.op); push(n.dtype); push(n.shape); push(n.device)
-    push(a if a is None or not isinstance(a, (bool, int, float)) else _PARAM if is_param(n) else _arg_key(a))
+    if n.op == "VIEW" and src[0].buffer is not None: push(_view_key(a))
+    else: push(a if a is None or not isinstance(a, (bool, int, float)) else _PARAM if is_param(n) else _arg_key(a))
     push(len(src))
     for x in src: push(index[id(x)])
   for r in roots: push(index[id(r)])
@@ -105,8 +111,10 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
     n, done = stack.pop()
     if done:
       index[id(n)] = len(entries)
-      entries.append((n.op, n.dtype, n.shape, n.device, _PARAM if is_param(n) else _arg_key(n.arg),
-                      tuple(index[id(s)] for s in n.src)))
+      src = tuple(index[id(s)] for s in n.src)
+      arg = _PARAM if is_param(n) else \
+          _view_key(n.arg) if n.op == "VIEW" and entries[src[0]][0] == "IN" else _arg_key(n.arg)
+      entries.append((n.op, n.dtype, n.shape, n.device, arg, src))
       nodes.append(n)
       continue
     if id(n) in index: continue

@@ -127,9 +127,8 @@ class _Bench:
     for b, arg in zip(self.bufs, kernel.bufs):
       if not arg.output and b.size: b.copyin(_random(rng, arg.dtype, b.size))
     self.handles = [b.handle for b in self.bufs]
-    if kernel.params:   # Params bound to values of their dtype (any: the candidates are checked on the same)
-      self.handles += dev.param_handles(kernel, [float(np.float16(rng.uniform(0.5, 2))) if d.is_float else
-                                                 int(rng.integers(17, 100)) for d in kernel.params])
+    if kernel.params:   # the values the kernel was lowered with (an index argument must keep reads in bounds)
+      self.handles += dev.param_handles(kernel, list(kernel.example) or [1.5 if d.is_float else 17 for d in kernel.params])
     c = dev.compile_with(kernel, ())
     self.ref = self.outputs(c.program, c.kernel)
 
