@@ -5,6 +5,7 @@ literals."""
 from __future__ import annotations
 import numpy as np
 import pytest
+import torch
 import fusegrad as fg
 from fusegrad.runtime import device as rd
 from fusegrad.schedule import schedule as sched
@@ -126,3 +127,55 @@ def test_selects_of_an_argument_on_one_condition(device, rng):
   for s in (0.05, 0.3):
     y = (fg.where(m, 0.0, s) + fg.where(m, s, 0.0)) * fg.where(m, x, -x)
     np.testing.assert_allclose(y.numpy(), np.float32(s) * -np.abs(a), rtol=1e-6)
+
+
+def _programs(dev) -> int:
+  return len(dev.programs) if dev.renderer is not None else len(dev.by_kernel)
+
+
+def test_reads_at_another_offset_share_a_program(device, rng):
+  """A view's offset into its buffer is an index argument (sym.ArgVar): an RNN's step t reading xp[t], a slice
+  at another start, a padded window at another shift compile once."""
+  dev = rd.get(device)
+  a = rng.standard_normal((24, 40)).astype(np.float32)
+  xp = fg.Tensor(a, device=device).realize()
+  before = _programs(dev)
+  for t in range(24):
+    np.testing.assert_allclose((xp[t] * 1.5 + 0.25).numpy(), a[t] * np.float32(1.5) + np.float32(0.25), rtol=1e-5, atol=1e-6)
+  for s in range(5):
+    np.testing.assert_allclose((xp[:, s:s + 30] * 2).sum(1).numpy(), (a[:, s:s + 30] * 2).sum(1), rtol=1e-5, atol=1e-5)
+  assert _programs(dev) - before <= 2
+  # padding (a negative offset, a masked view) and flips (negative strides) at several shifts
+  for s in range(3):
+    got = fg.nn.functional.pad(xp, (3, 1))[s:s + 5, s:s + 20].numpy()
+    np.testing.assert_array_equal(got, np.pad(a, ((0, 0), (3, 1)))[s:s + 5, s:s + 20])
+    np.testing.assert_array_equal(xp.flip(1)[s:s + 4, s + 1:s + 9].numpy(), a[:, ::-1][s:s + 4, s + 1:s + 9])
+
+
+def test_rnn_steps_share_programs(rng):
+  """A recurrent layer's per-step kernels differ only by where they read the input projection (xp[t]: an offset
+  folded through the bias add): a sequence twice as long compiles only what depends on its length."""
+  dev = rd.get("CPU")
+  rnn = fg.nn.RNN(8, 16)
+  def run(T):
+    x = rng.standard_normal((T, 2, 8)).astype(np.float32)
+    with fg.track() as t:
+      out, h = rnn(fg.Tensor(x))
+      got = out.numpy()
+    ref = torch.nn.RNN(8, 16)
+    ref.load_state_dict({k: torch.tensor(v.numpy()) for k, v in rnn.state_dict().items()})
+    np.testing.assert_allclose(got, ref(torch.tensor(x))[0].detach().numpy(), rtol=1e-4, atol=1e-5)
+    return len(t.kernels)
+  run(6)
+  before = _programs(dev)
+  kernels = run(12)
+  assert kernels >= 12 and _programs(dev) - before <= 4   # the projection, the output, the first and last steps
+
+
+def test_search_runs_kernels_with_index_arguments(rng, tmp_path, monkeypatch):
+  monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+  a = rng.standard_normal((20, 64)).astype(np.float32)
+  x = fg.Tensor(a).realize()
+  with fg.beam(1):
+    y = (x[3:19] * 0.3).sum(1).numpy()
+  np.testing.assert_allclose(y, (a[3:19] * np.float32(0.3)).sum(1), rtol=1e-5, atol=1e-5)

@@ -36,9 +36,19 @@ _OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF", "
 _WORK_COST = {**_OP_COST, "SIN": 16, "COS": 16, "TAN": 16, "ATAN": 16, "ATAN2": 16}
 
 
+# the range an offset argument is declared to have (one range for all, so it is no part of a kernel's structure)
+OFFSET_BOUND = 1 << 48
+
+
 def param_value(n: Node):
   """The value a Param slot bound to node n takes: a constant's, or a view's offset into its buffer."""
   return n.arg.offset if n.op == "VIEW" else n.arg
+
+
+def param_values(k: Kernel, params: list) -> list:
+  """The values of k's arguments: each node's (param_value), and k's own where the slot has no node (None: a
+  residual offset, fixed for the kernel)."""
+  return [k.example[i] if n is None else param_value(n) for i, n in enumerate(params)]
 
 
 def is_param(n: Node) -> bool:
@@ -90,8 +100,9 @@ class _Builder:
     self.on_expand = on_expand
     self.inputs: list[Node] = []          # boundary nodes in order of first use
     self.input_pos: dict[int, int] = {}
-    self.params: list[Node] = []          # constants that are kernel arguments (is_param), by slot
-    self.param_pos: dict[int, int] = {}
+    self.params: list = []                # the nodes whose values are kernel arguments (param_value), by slot;
+    self.param_pos: dict = {}             # None for a load's residual offset (its value in `residuals`)
+    self.residuals: dict[int, int] = {}
     self.memo: dict = {}
     self.reduce_instances: dict[int, list] = {}
     self.instances: dict[int, int] = {}   # id(node) -> how many different indices it was evaluated at
@@ -111,15 +122,27 @@ class _Builder:
       self.params.append(n)
     return Param(self.param_pos[id(n)], n.dtype)
 
-  def offset_param(self, n: Node, src: Node) -> sym.ArgVar:
-    """The offset of view n into the buffer of src (a leaf), as a kernel argument: reads of the same buffer at
-    another offset (an RNN's step t, a cache position) share the program."""
+  def offset_param(self, n: Node) -> sym.ArgVar:
+    """The offset of view n into the buffer it reads (a leaf's), as a kernel argument: reads of the same buffer
+    at another offset (a cache position, a slice's start) share the program, and the scheduler keys such a view
+    without its offset (schedule._view_key), so they share the kernel too."""
     if id(n) not in self.param_pos:
       self.param_pos[id(n)] = len(self.params)
       self.params.append(n)
     slot = self.param_pos[id(n)]
-    bound = n.numel + src.numel
-    return sym.ArgVar(f"p{slot}", -bound, bound, slot)
+    return sym.ArgVar(f"p{slot}", -OFFSET_BOUND, OFFSET_BOUND, slot)
+
+  def residual_param(self, value: int) -> sym.ArgVar:
+    """What is left of a load's constant offset once its own view's is an argument (outer views' offsets folded
+    through elementwise ops: an RNN's step t reading a projection plus a bias): an argument too, whose value
+    belongs to this kernel (it is part of the structure the kernel was lowered for), so the program is shared."""
+    key = ("residual", value)
+    if key not in self.param_pos:
+      self.param_pos[key] = len(self.params)
+      self.params.append(None)
+      self.residuals[len(self.params) - 1] = value
+    slot = self.param_pos[key]
+    return sym.ArgVar(f"p{slot}", -OFFSET_BOUND, OFFSET_BOUND, slot)
 
   def ev(self, n: Node, idx: tuple, gate: sym.Cond):
     key = (id(n), idx, gate)
@@ -136,6 +159,8 @@ class _Builder:
       c = self.param(n) if is_runtime_value(n.arg, n.dtype) else Const(n.arg, n.dtype)
       return c if valid.is_true else Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), c, Const(n.dtype.np(0).item(), n.dtype)))
     if n.op == "IOTA" and not n.realized: return round16(Index(flat, valid, n.dtype))   # 2049 is no float16
+    flat = sym.lin(flat)
+    if flat.const: flat = flat - flat.const + self.residual_param(flat.const)
     return Load(self.buf(n), flat, valid, n.dtype)
 
   def operands(self, col: sym.Var) -> list:
@@ -164,7 +189,7 @@ class _Builder:
       if valid.false: return Const(n.dtype.np(0).item(), n.dtype)   # padding only: the source is not read
       if self._is_leaf(src):
         if src.op not in ("CONST", "IOTA") or src.realized:   # a load: its offset is an argument
-          flat = flat - n.arg.offset + self.offset_param(n, src)
+          flat = flat - n.arg.offset + self.offset_param(n)
         return self._leaf(src, flat, gate & valid)
       if any(st == 0 and s > 1 for st, s in zip(n.arg.strides, n.arg.shape)) and src not in self.expanded:
         self.expanded.append(src)
@@ -295,8 +320,8 @@ def build(f: Fusion) -> tuple[Kernel, list[Node]]:
   arg_vars = tuple(sorted({x for st in stores for v in toposort([st.value]) if isinstance(v, Load)
                            for x in sym.variables(v.idx) if isinstance(x, sym.ArgVar)}, key=lambda x: x.slot))
   k = Kernel(name, bufs, tuple(axes), stores, flops, cost=weighted + sum(b.size for b in bufs),
-             params=tuple(dt.int64 if n.op == "VIEW" else n.dtype for n in b.params), arg_vars=arg_vars,
-             example=tuple(param_value(n) for n in b.params))
+             params=tuple(dt.int64 if n is None or n.op == "VIEW" else n.dtype for n in b.params), arg_vars=arg_vars,
+             example=tuple(b.residuals[i] if n is None else param_value(n) for i, n in enumerate(b.params)))
   return k, b.inputs
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from fusegrad import config
 from fusegrad.graph import ops
 from fusegrad.graph.node import Node
-from fusegrad.codegen.lower import analyze, build, is_param, param_value, NeedsRealize
+from fusegrad.codegen.lower import analyze, build, is_param, param_values, NeedsRealize
 from fusegrad.schedule import rules
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
 
@@ -41,9 +41,10 @@ class ScheduleItem:
   inputs: list
   kernel: Kernel | None = None
   why: str = ""             # why these outputs are not fused into their consumers (FUSEGRAD_DEBUG=3 prints it)
-  params: list = field(default_factory=list)   # the CONST nodes bound to the kernel's Params, by slot
+  params: list = field(default_factory=list)   # the nodes bound to the kernel's arguments, by slot (None: the
+                                               # kernel's own value, Kernel.example)
 
-  def param_values(self) -> list: return [param_value(n) for n in self.params]
+  def param_values(self) -> list: return param_values(self.kernel, self.params)
 
 
 def _needs_kernel(n: Node) -> bool:
@@ -150,7 +151,7 @@ def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], l
       k, ins, params = _lower_judged(roots, is_boundary)
       pos = {id(x): i for i, x in enumerate(inputs)}
       at = {id(x): i for i, x in enumerate(nodes)}
-      hit = ("ok", k, tuple(pos[id(x)] for x in ins), tuple(at[id(x)] for x in params))
+      hit = ("ok", k, tuple(pos[id(x)] for x in ins), tuple(None if x is None else at[id(x)] for x in params))
     except NeedsRealize as e:
       hit = ("cut", nodes.index(e.node), e.why)
     _lower_cache[key] = hit
@@ -158,7 +159,7 @@ def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], l
   else:
     _lower_cache.move_to_end(key)
   if hit[0] == "cut": raise NeedsRealize(nodes[hit[1]], hit[2])
-  return hit[1], [inputs[i] for i in hit[2]], [nodes[i] for i in hit[3]]
+  return hit[1], [inputs[i] for i in hit[2]], [None if i is None else nodes[i] for i in hit[3]]
 
 
 def _lower_judged(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], list[Node]]:
@@ -197,7 +198,8 @@ class CachedSchedule:
     return nodes + [Node(op, d, (), None, shape, dev) for op, d, shape, dev in self.extra]
 
   def items(self, nodes: list[Node]) -> list[ScheduleItem]:
-    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why, [nodes[i] for i in ps])
+    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why,
+                         [None if i is None else nodes[i] for i in ps])
             for kind, outs, ins, k, why, ps in self.entries]
 
 
@@ -238,7 +240,8 @@ def schedule(roots: list[Node]) -> tuple[list[ScheduleItem] | None, CachedSchedu
         extra.append(o)
   try:
     entry = CachedSchedule([(it.kind, tuple(pos[id(o)] for o in it.outputs), tuple(pos[id(x)] for x in it.inputs),
-                             it.kernel, it.why, tuple(pos[id(x)] for x in it.params)) for it in items],
+                             it.kernel, it.why, tuple(None if x is None else pos[id(x)] for x in it.params))
+                            for it in items],
                            tuple((o.op, o.dtype, o.shape, o.device) for o in extra))
   except KeyError:    # an item refers to a node outside the walked graph: do not cache this one
     return items, None, nodes + extra
