@@ -480,10 +480,13 @@ class OpenCLRenderer(CStyleRenderer):
     args = []
     for i, b in enumerate(k.bufs):
       args.append(f"__global {'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
-    args += self.param_args(k)
     t = self.index_type_of(k)
+    # index arguments arrive as long; with 32-bit index math they are narrowed once (the values fit: see above)
+    narrow = {a.slot for a in k.arg_vars} if t != "long" else set()
+    args += [f"long p{i}_" if i in narrow else a for i, a in enumerate(self.param_args(k))]
     ids = [f"  {t} gidx = get_group_id(0);", f"  {t} lidx = get_local_id(0);"] if k.local_size else \
           [f"  {t} gidx = get_global_id(0);"]
+    ids += [f"  {t} p{i} = ({t})p{i}_;" for i in sorted(narrow)]
     attr = f"__attribute__((reqd_work_group_size({k.local_size[0]}, 1, 1))) " if k.local_size else ""
     lines = [self.helpers(k), "", f"{attr}__kernel void {k.name}({', '.join(args)}) {{", *ids, *self.local_buffers(listing)]
     lines += self.body(listing, k, "  ")
