@@ -94,6 +94,17 @@ def np_conv(x, w):
 def th_conv(x, w): return torch.nn.functional.conv2d(x, w, padding=1)
 
 
+def fg_conv_train(x, w, g):
+  """forward and backward: the gradients of sum(conv(x, w) * g) for x and w, flattened into one result"""
+  x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+  (fg.nn.functional.conv2d(x, w, padding=1) * g).sum().backward()
+  return fg.cat([x.grad.flatten(), w.grad.flatten()])
+def th_conv_train(x, w, g):
+  x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+  (torch.nn.functional.conv2d(x, w, padding=1) * g).sum().backward()
+  return torch.cat([x.grad.flatten(), w.grad.flatten()])
+
+
 def cases(quick: bool):
   n_ew = 1 << (20 if quick else 24)
   n_sm = 1024 if quick else 4096
@@ -116,6 +127,10 @@ def cases(quick: bool):
   b, c, hw = (2, 16, 28) if quick else (8, 64, 56)
   out.append((f"conv2d 3x3 {c}->{c}, {hw}x{hw}, batch {b}", (fg_conv, np_conv, th_conv),
               (r(b, c, hw, hw), r(c, c, 3, 3) / 24), dict(rtol=1e-4, atol=1e-4)))
+  # numpy has no autograd: checked against torch's gradients
+  if torch is not None:
+    out.append((f"conv2d 3x3 {c}->{c}, {hw}x{hw}, batch {b}, forward+backward", (fg_conv_train, None, th_conv_train),
+                (r(b, c, hw, hw), r(c, c, 3, 3) / 24, r(b, c, hw, hw)), dict(rtol=1e-3, atol=1e-2)))
   return out
 
 
@@ -210,8 +225,11 @@ def main() -> int:
     fg_ms, runs = median_ms(run_fg, budget)
     kernel_ms = statistics.median(kernel_s) * 1e3
 
-    ref = f_np(*arrays)
-    np_ms, _ = median_ms(lambda: f_np(*arrays), budget)
+    if f_np is not None:
+      ref = f_np(*arrays)
+      np_ms, _ = median_ms(lambda: f_np(*arrays), budget)
+    else:
+      ref, np_ms = f_th(*[torch.from_numpy(a) for a in arrays]).detach().numpy(), float("nan")
     ok = got.shape == np.shape(ref) and np.allclose(got, ref, **tol)
     err = float(np.max(np.abs(got.astype(np.float64) - ref))) if got.shape == np.shape(ref) else float("nan")
     failed += not ok
