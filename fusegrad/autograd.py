@@ -298,6 +298,11 @@ def _unfold_rule(arg, inputs, out, g):
   return (total,)
 
 
+def _conv_rows_rule(arg, inputs, out, g):
+  from fusegrad.nn.functional import rows_matmul_grad
+  return rows_matmul_grad(arg, inputs, out, g)
+
+
 def _unfold_flat_rule(arg, inputs, out, g):
   # w[b, p, k] = x[b, p + off(k)]: dx is the sum over kernel offsets of g[:, :, k] shifted to its offset
   import itertools
@@ -322,6 +327,7 @@ RULES = {
   "WINDOW": _window_rule,
   "UNFOLD": _unfold_rule,
   "UNFOLD_FLAT": _unfold_flat_rule,
+  "CONV_ROWS": lambda arg, ins, out, g: _conv_rows_rule(arg, ins, out, g),
   "CONTIGUOUS": lambda arg, ins, out, g: (g,),
   "SIGMOID": lambda arg, ins, out, g: (_sigmoid_grad(ins[0], out, g),),
   "EXPM1": lambda arg, ins, out, g: (g * ins[0].exp(),),   # not out + 1, which is 0 where expm1 rounds to -1

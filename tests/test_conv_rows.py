@@ -85,3 +85,24 @@ def test_conv3d_modules_match_torch(rng):
     m.load_state_dict({k: fg.Tensor(v.detach().numpy()) for k, v in t.state_dict().items()})
     a = rng.standard_normal((2, 3, 5, 6, 7)).astype(np.float32)
     np.testing.assert_allclose(m(fg.Tensor(a)).numpy(), t(torch.tensor(a)).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_backward_kernels_are_tiled(rng):
+  """The gradients of a row-flattened convolution (autograd's CONV_ROWS rule): the input's is the same tiled
+  matmul over the padded output gradient, the weights' a block of dot products in vector lanes (heuristic.dot_tile);
+  no kernel runs a loop for another's elements; the forward is not computed (only the gradients are asked for)."""
+  a = rng.standard_normal((2, 16, 30, 30)).astype(np.float32)
+  w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+  g = rng.standard_normal((2, 32, 30, 30)).astype(np.float32)
+  x, tw = fg.Tensor(a, requires_grad=True), fg.Tensor(w, requires_grad=True)
+  with fg.track() as t:
+    (F.conv2d(x, tw, padding=1) * fg.Tensor(g)).sum().backward()
+    gx, gw = x.grad.numpy(), tw.grad.numpy()
+  conv_flops = 2 * 2 * 32 * 16 * 9 * 30 * 30
+  assert sum(k.flops for k in t.kernels) <= 3.6 * conv_flops, [(k.name, k.flops) for k in t.kernels]
+  big = [k for k in t.kernels if k.flops >= 0.8 * conv_flops]
+  assert len(big) == 2 and all(any(o.op.name == "UPCAST" for o in k.opts) for k in big), [(k.name, k.opts) for k in big]
+  rx, rw = torch.tensor(a, requires_grad=True), torch.tensor(w, requires_grad=True)
+  (torch.nn.functional.conv2d(rx, rw, padding=1) * torch.tensor(g)).sum().backward()
+  np.testing.assert_allclose(gx, rx.grad.numpy(), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(gw, rw.grad.numpy(), rtol=1e-4, atol=1e-3)

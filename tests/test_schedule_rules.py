@@ -236,3 +236,16 @@ def test_gpu_params_store_broadcast_reductions(monkeypatch, rng):
       np.testing.assert_allclose(got, tf(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
   finally:
     S._schedule_cache.clear(); S._lower_cache.clear()
+
+
+def test_reductions_read_through_padding_are_stored(rng, fresh_caches):
+  """cat([a.sum(1), b.sum(0)]): fused, each reduction's loop ran for every element of the cat, the other's
+  included (padding is read as zero, its loop still runs); padded_reduction stores each, so the work is about the
+  reductions' own."""
+  a, b = randn(rng, 300, 500), randn(rng, 400, 200)
+  with fg.track() as t:
+    out = fg.cat([realized(a).sum(1), realized(b).sum(0)]).numpy()
+  np.testing.assert_allclose(out, np.concatenate([a.sum(1), b.sum(0)]), rtol=1e-4, atol=1e-3)
+  assert sum(r.flops for r in t.kernels) <= 1.2 * (a.size + b.size), [(r.name, r.flops) for r in t.kernels]
+  items = S.create_schedule([fg.cat([realized(a).sum(1), realized(b).sum(0)]).node])
+  assert any(it.why.startswith("padded_reduction") for it in items), [it.why for it in items]

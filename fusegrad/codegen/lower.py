@@ -93,11 +93,11 @@ def unravel(flat, shape) -> tuple:
 
 
 class _Builder:
-  def __init__(self, outputs: list[Node], is_boundary, on_expand=None):
+  def __init__(self, outputs: list[Node], is_boundary, on_expand=None, on_pad=None):
     self.outputs, self.is_boundary = outputs, is_boundary
     # the scheduler's broadcast rule, asked as each broadcast source is met: a cut stops the evaluation there (a
     # long recurrent chain evaluated whole before each cut made scheduling quadratic in its length)
-    self.on_expand = on_expand
+    self.on_expand, self.on_pad = on_expand, on_pad
     self.inputs: list[Node] = []          # boundary nodes in order of first use
     self.input_pos: dict[int, int] = {}
     self.params: list = []                # the nodes whose values are kernel arguments (param_value), by slot;
@@ -191,6 +191,9 @@ class _Builder:
         if src.op not in ("CONST", "IOTA") or src.realized:   # a load: its offset is an argument
           flat = flat - n.arg.offset + self.offset_param(n)
         return self._leaf(src, flat, gate & valid)
+      if not valid.is_true and self.on_pad is not None:
+        why = self.on_pad(src, self._is_leaf)
+        if why: raise NeedsRealize(src, why)
       if any(st == 0 and s > 1 for st, s in zip(n.arg.strides, n.arg.shape)) and src not in self.expanded:
         self.expanded.append(src)
         why = self.on_expand(src, self._is_leaf) if self.on_expand is not None else None
@@ -285,14 +288,14 @@ class Fusion:
 def _extent(vs) -> int: return prod(v.hi + 1 for v in vs)
 
 
-def analyze(outputs: list[Node], is_boundary, on_expand=None) -> Fusion:
+def analyze(outputs: list[Node], is_boundary, on_expand=None, on_pad=None) -> Fusion:
   """Lowering's first pass over the nodes `outputs` (one shape, one device): each node evaluated at its index.
   Raises NeedsRealize where the fusion cannot be expressed as one kernel, or where `on_expand(source, is_leaf)`
-  names a reason to cut a broadcast source."""
+  names a reason to cut a broadcast source (`on_pad`: a source read through padding)."""
   shape = outputs[0].shape
   ovars = tuple(sym.Var(f"o{d}", 0, s - 1) if s > 1 else None for d, s in enumerate(shape))
   oidx = tuple(sym.lin(v) if v is not None else sym.const(0) for v in ovars)
-  b = _Builder(outputs, is_boundary, on_expand)
+  b = _Builder(outputs, is_boundary, on_expand, on_pad)
   vals = [b.ev(n, oidx, sym.TRUE) for n in outputs]
   # the canonical kernel has one set of REDUCE axes per reduction
   for nid, inst in b.reduce_instances.items():

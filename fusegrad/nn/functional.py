@@ -181,15 +181,47 @@ def _conv_rows(xp: Tensor, weight: Tensor, bias, ks: tuple, stride: tuple, dilat
   steps = tuple(d * c for d, c in zip(dilation, cs))
   L = padded + builtins.sum((k - 1) * s for k, s in zip(ks, steps))
   flat = xp.reshape(N * C, math.prod(sp)).pad((0, L - math.prod(sp))).contiguous()
-  cols = _unfold_flat(flat, ks, steps, padded)                                 # [N*C, P, *ks]
-  cols = cols.reshape(N, G, Cg, padded, *ks).transpose(2, 3).unsqueeze(2)      # [N, G, 1, P, Cg, *ks]
-  w = weight.reshape(1, G, O // G, 1, Cg, *ks)
-  y = (cols * w).sum(tuple(range(-(nd + 1), 0))).reshape(N, O, padded)
+  y = rows_matmul(flat, weight, N, G, ks, steps, padded)
   if bias is not None: y = y + bias.reshape(1, O, 1)
   y = y.contiguous()
   y = y.narrow(2, 0, length).reshape(N, O, out[0], *sp[1:])
   for i in range(1, nd): y = y.narrow(2 + i, 0, out[i])
   return y
+
+
+def rows_matmul(flat: Tensor, weight: Tensor, N: int, G: int, ks: tuple, steps: tuple, length: int) -> Tensor:
+  """y[n, o, p] = sum over ci, k of weight[o, ci, k] * flat[n, group(o), ci, p + sum(k_i * steps_i)] for p below
+  length (flat: [N * C, L], weight: [O, Cg, *ks]): the core of _conv_rows, recorded as one op (CONV_ROWS) whose
+  gradients are computed the fast way (autograd's rule below) rather than through the window view's rule."""
+  from fusegrad import autograd
+  nd, (O, Cg) = len(ks), weight.shape[:2]
+  with autograd.no_grad():
+    cols = _unfold_flat(flat, ks, steps, length)                                     # [N*C, P, *ks]
+    cols = cols.reshape(N, G, Cg, length, *ks).transpose(2, 3).unsqueeze(2)          # [N, G, 1, P, Cg, *ks]
+    w = weight.reshape(1, G, O // G, 1, Cg, *ks)
+    y = (cols * w).sum(tuple(range(-(nd + 1), 0))).reshape(N, O, length)
+  return flat._prim("CONV_ROWS", (N, G, tuple(ks), tuple(steps), length), y.node, flat, weight)
+
+
+def rows_matmul_grad(arg, inputs, out, g):
+  """The gradients of rows_matmul. The output gradient is stored once (both reductions then read it with
+  unconditional stride-1 loads). The input's is the same operation on the gradient padded in front by the largest
+  offset, with the weights flipped and transposed within each group: dflat[ci, q] = sum over o, k of
+  g[o, q - off(k)] w[o, ci, k], and q - off(k) = q + off(flip(k)) - max offset. The weights' is a reduction over
+  the batch and the positions of the gradient times the windows."""
+  N, G, ks, steps, length = arg
+  flat, weight = inputs
+  nd, (O, Cg), L = len(ks), weight.shape[:2], flat.shape[1]
+  Og = O // G
+  g = g.contiguous()
+  most = builtins.sum((k - 1) * s for k, s in zip(ks, steps))
+  span = -(-L // ROWS_MULTIPLE) * ROWS_MULTIPLE
+  gp = g.pad((most, span - length)).reshape(N * O, span + most).contiguous()
+  wt = weight.flip(*range(2, 2 + nd)).reshape(G, Og, Cg, *ks).transpose(1, 2).reshape(G * Cg, Og, *ks)
+  dflat = rows_matmul(gp, wt, N, G, ks, steps, span).contiguous().narrow(2, 0, L).reshape(N * G * Cg, L)
+  cols = _unfold_flat(flat, ks, steps, length).reshape(N, G, 1, Cg, length, *ks)
+  dw = (cols * g.reshape(N, G, Og, 1, length, *(1,) * nd)).sum((0, 4)).reshape(O, Cg, *ks)
+  return dflat, dw
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:

@@ -85,7 +85,7 @@ def reason(rule: str, why: str) -> str:
 
 # names that start every cut's reason in the log (besides "requested": the caller asked for the node)
 RULES = ("boundary", "gather_source", "shared_reduction", "split_reduce", "nested_reduction", "broadcast_recompute",
-         "index_recompute", "parallel_work", "tile_operands", "broadcast_reduction", "structural")
+         "index_recompute", "padded_reduction", "parallel_work", "tile_operands", "broadcast_reduction", "structural")
 
 
 # ---- graph rewrite: split a big reduction ---------------------------------------------------------------------
@@ -207,6 +207,22 @@ def broadcast_cut(src: Node, is_leaf, p: Params) -> str | None:
   """broadcast_recompute asked by lowering as it meets each broadcast source (so a cut stops the evaluation)."""
   if _alu_count(src, is_leaf, p.recompute_ops) > p.recompute_ops:
     return reason("broadcast_recompute", "an expensive value broadcast by a view would be recomputed per element")
+
+
+def padded_reduction(src: Node, is_leaf, p: Params) -> str | None:
+  """A reduction read through padding (a cat, a pad of a sum) runs its loop for every element of the padded view,
+  the padding included: the value is read, not used. Fused into `cat([x.grad, w.grad])`, a convolution's two
+  gradient reductions ran for each other's elements (48 s instead of a fraction of one). Stored by a kernel of
+  its own, it runs once per element of its own. Asked by lowering as it meets each padded computed source."""
+  stack, seen = [src], set()
+  while stack:
+    x = stack.pop()
+    if id(x) in seen or (x is not src and is_leaf(x)): continue
+    seen.add(id(x))
+    if x.op == "REDUCE" and prod(x.src[0].shape[a] for a in x.arg[1]) >= p.nested_min:
+      return reason("padded_reduction", "a reduction read through padding would also run for the padded elements")
+    stack.extend(x.src)
+  return None
 
 
 def index_recompute(f: Fusion, p: Params):

@@ -166,7 +166,8 @@ def _lower_judged(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], l
   """Lower roots unless the fusion cannot be expressed (lowering's refusal) or a cost rule cuts it: either raises
   NeedsRealize naming the node to cut, with the reason for the log."""
   p = rules.params(roots[0].device)
-  f = analyze(roots, is_boundary, lambda src, is_leaf: rules.broadcast_cut(src, is_leaf, p))
+  f = analyze(roots, is_boundary, lambda src, is_leaf: rules.broadcast_cut(src, is_leaf, p),
+              lambda src, is_leaf: rules.padded_reduction(src, is_leaf, p))
   cut = rules.judge(f, p)
   if cut is None:
     k, ins = build(f)

