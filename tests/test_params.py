@@ -179,3 +179,15 @@ def test_search_runs_kernels_with_index_arguments(rng, tmp_path, monkeypatch):
   with fg.beam(1):
     y = (x[3:19] * 0.3).sum(1).numpy()
   np.testing.assert_allclose(y, (a[3:19] * np.float32(0.3)).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_split_reduction_stays_in_the_schedule_cache(device, rng):
+  """The partial results of a big sum are read through views the scheduler's rewrite makes (no node of the walked
+  graph): their offsets are kept by the cached schedule itself, so the repeated sum is a cache hit."""
+  a = rng.standard_normal(1 << 17).astype(np.float32)
+  x = fg.Tensor(a, device=device).realize()
+  x.sum().realize()
+  misses = sched.stats["schedule_misses"]
+  for _ in range(3):
+    np.testing.assert_allclose(x.sum().item(), a.astype(np.float64).sum(), rtol=1e-4, atol=1e-3)
+  assert sched.stats["schedule_misses"] == misses

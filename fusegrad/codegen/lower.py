@@ -45,10 +45,18 @@ def param_value(n: Node):
   return n.arg.offset if n.op == "VIEW" else n.arg
 
 
+class Fixed:
+  """An argument's value that a cached schedule keeps itself: its node was made by a rewrite of the scheduler
+  (schedule/rules.split_reductions), so it is no node of the graph a later realize walks."""
+  __slots__ = ("value",)
+  def __init__(self, value): self.value = value
+
+
 def param_values(k: Kernel, params: list) -> list:
-  """The values of k's arguments: each node's (param_value), and k's own where the slot has no node (None: a
-  residual offset, fixed for the kernel)."""
-  return [k.example[i] if n is None else param_value(n) for i, n in enumerate(params)]
+  """The values of k's arguments: each node's (param_value), k's own where the slot has no node (None: a residual
+  offset, fixed for the kernel), and a Fixed one's."""
+  return [k.example[i] if n is None else n.value if isinstance(n, Fixed) else param_value(n)
+          for i, n in enumerate(params)]
 
 
 def is_param(n: Node) -> bool:

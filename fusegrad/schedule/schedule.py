@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from fusegrad import config
 from fusegrad.graph import ops
 from fusegrad.graph.node import Node
-from fusegrad.codegen.lower import analyze, build, is_param, param_values, NeedsRealize
+from fusegrad.codegen.lower import analyze, build, is_param, param_value, param_values, Fixed, NeedsRealize
 from fusegrad.schedule import rules
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
 
@@ -200,8 +200,15 @@ class CachedSchedule:
 
   def items(self, nodes: list[Node]) -> list[ScheduleItem]:
     return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why,
-                         [None if i is None else nodes[i] for i in ps])
+                         [i if i is None or isinstance(i, Fixed) else nodes[i] for i in ps])
             for kind, outs, ins, k, why, ps in self.entries]
+
+
+def _param_spec(x, pos: dict):
+  """How a cached schedule finds an argument's value again: a walk position, None (the kernel's own), or the value
+  itself (a node the rewrite made: the same structure makes it with the same value)."""
+  if x is None: return None
+  return pos[id(x)] if id(x) in pos else Fixed(param_value(x))
 
 
 def create_schedule(roots: list[Node]) -> list[ScheduleItem]:
@@ -241,8 +248,7 @@ def schedule(roots: list[Node]) -> tuple[list[ScheduleItem] | None, CachedSchedu
         extra.append(o)
   try:
     entry = CachedSchedule([(it.kind, tuple(pos[id(o)] for o in it.outputs), tuple(pos[id(x)] for x in it.inputs),
-                             it.kernel, it.why, tuple(None if x is None else pos[id(x)] for x in it.params))
-                            for it in items],
+                             it.kernel, it.why, tuple(_param_spec(x, pos) for x in it.params)) for it in items],
                            tuple((o.op, o.dtype, o.shape, o.device) for o in extra))
   except KeyError:    # an item refers to a node outside the walked graph: do not cache this one
     return items, None, nodes + extra
