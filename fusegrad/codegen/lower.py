@@ -167,7 +167,7 @@ class _Builder:
       c = self.param(n) if is_runtime_value(n.arg, n.dtype) else Const(n.arg, n.dtype)
       return c if valid.is_true else Alu("WHERE", n.dtype, (Valid(valid, dt.bool_), c, Const(n.dtype.np(0).item(), n.dtype)))
     if n.op == "IOTA" and not n.realized: return round16(Index(flat, valid, n.dtype))   # 2049 is no float16
-    flat = sym.lin(flat)
+    flat = sym.simplify_under(flat, valid)   # the index is used only where valid holds
     if flat.const: flat = flat - flat.const + self.residual_param(flat.const)
     return Load(self.buf(n), flat, valid, n.dtype)
 

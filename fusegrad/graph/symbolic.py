@@ -285,6 +285,33 @@ TRUE = Cond()
 FALSE = Cond((), True)
 
 
+def simplify_under(x, cond: Cond) -> Lin:
+  """x simplified for where cond holds (a padded load's index, used only where its validity does): each part of
+  cond that bounds a single atom (lo <= atom + c < hi) narrows that atom's range, x is rebuilt with the narrowed
+  atoms (the div/mod rules see the tighter ranges) and the atoms put back. A crop's gradient read
+  `((p%58 + (p/58)*56)/3136)` where p%58 < 56 and p/58 < 56 make it 0."""
+  x = lin(x)
+  if cond.false or not cond.parts: return x
+  env: dict = {}
+  for e, lo, hi in cond.parts:
+    if len(e.terms) != 1 or e.terms[0][1] != 1: continue
+    a = e.terms[0][0]
+    alo, ahi = _atom_bounds(a)
+    nlo, nhi = max(lo - e.const, alo), min(hi - 1 - e.const, ahi)
+    if (nlo, nhi) == (alo, ahi) or nlo > nhi or a in env: continue
+    env[a] = Var(f"_narrowed{len(env)}", nlo, nhi)
+  if not env: return x
+  def rebuild(e):
+    if e in env: return lin(env[e])
+    if isinstance(e, Var): return lin(e)
+    if isinstance(e, Div): return div(rebuild(e.x), e.c)
+    if isinstance(e, Mod): return mod(rebuild(e.x), e.c)
+    out = const(e.const)
+    for t, k in e.terms: out = add(out, mul(rebuild(t), k))
+    return out
+  return substitute(rebuild(x), {v: a for a, v in env.items()})
+
+
 # ---- rendering and evaluation ---------------------------------------------------------------------
 
 def render(x, name: Callable[[Var], str], floordiv: Callable[[str, int, bool], str],

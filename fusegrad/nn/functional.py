@@ -184,9 +184,11 @@ def _conv_rows(xp: Tensor, weight: Tensor, bias, ks: tuple, stride: tuple, dilat
   y = rows_matmul(flat, weight, N, G, ks, steps, padded)
   if bias is not None: y = y + bias.reshape(1, O, 1)
   y = y.contiguous()
-  y = y.narrow(2, 0, length).reshape(N, O, out[0], *sp[1:])
-  for i in range(1, nd): y = y.narrow(2 + i, 0, out[i])
-  return y
+  # whole padded rows, then one crop of every spatial dim (its gradient is then one padding and a reshape: simple
+  # index math for the kernel that stores it)
+  rows = -(-padded // cs[0])
+  y = y.pad((0, rows * cs[0] - padded)).reshape(N, O, rows, *sp[1:])
+  return y[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]
 
 
 def rows_matmul(flat: Tensor, weight: Tensor, N: int, G: int, ks: tuple, steps: tuple, length: int) -> Tensor:

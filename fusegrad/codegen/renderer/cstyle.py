@@ -389,8 +389,11 @@ class CRenderer(CStyleRenderer):
     for i, b in enumerate(k.bufs):
       args.append(f"{'' if b.output else 'const '}{self.storage_type(b.dtype)}* restrict b{i}")
     args += self.param_args(k) + ["long long start", "long long end"]
-    guarded = any(isinstance(st, Let) and (isinstance(st.val, Gather) or
-                                           (isinstance(st.val, Load) and not st.val.valid.is_true)) for st in listing)
+    # (the miscompile needs accumulators: a kernel without reductions keeps if-conversion, so its padded copies
+    # vectorize with masked loads)
+    guarded = any(isinstance(st, Acc) for st in listing) and \
+        any(isinstance(st, Let) and (isinstance(st.val, Gather) or (isinstance(st.val, Load) and not st.val.valid.is_true))
+            for st in listing)
     attrs = {(True, True): "FG_BLOCKED_GUARDED ", (True, False): "FG_BLOCKED ", (False, True): "FG_GUARDED ",
              (False, False): ""}[(k.tiled, guarded)]
     lines = [self.helpers(k), "", f"{attrs}void {k.name}({', '.join(args)}) {{",
