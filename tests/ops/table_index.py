@@ -217,7 +217,10 @@ CASES: list[OpCase] = [
   # ---- grid_sample / affine_grid ----
   *[OpCase(f"grid_sample_{m}_{pm}_{ac}", (lambda m, pm, ac: lambda L, x, g: F(L).grid_sample(x, g * 0.7, mode=m, padding_mode=pm,
                                                                                               align_corners=ac))(m, pm, ac),
-           (((2, 3, 4, 5), (2, 6, 7, 2)), ((1, 1, 3, 3), (1, 2, 2, 2))), fast=m == "bilinear" and pm == "zeros" and not ac)
+           (((2, 3, 4, 5), (2, 6, 7, 2)), ((1, 1, 3, 3), (1, 2, 2, 2))), fast=m == "bilinear" and pm == "zeros" and not ac,
+           # the sampling coordinates (unnormalized, reflected) round differently from torch's order of operations:
+           # an error of a few ulp in a coordinate moves a bilinear value by that times the image's slope
+           atol=1e-5)
     for m in ("bilinear", "nearest") for pm in ("zeros", "border", "reflection") for ac in (False, True)],
   OpCase("grid_sample_bad_grid", lambda L, x: F(L).grid_sample(x, L.zeros(2, 3, 3, 3, device=x.device), align_corners=False),
          (((2, 3, 4, 5),),)),
