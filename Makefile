@@ -40,9 +40,10 @@ $(TEST_STAMP): pyproject.toml | $(PY)
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) -m "not ops_full" tests
 
-# the whole operator matrix (tests/ops), every shape and dtype variant; CI runs it after `make test`
+# what `make test` leaves out: the operator matrix's variants (tests/ops, every shape and dtype) and the operator
+# tests' OPENCL rows (tests/test_ops.py; see tests/conftest.py); CI runs it after `make test`
 test-ops: $(TEST_STAMP)
-	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) tests/ops
+	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) -m ops_full tests
 
 demo: $(BASE_STAMP)
 	$(PY) examples/digits.py --model mlp

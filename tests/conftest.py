@@ -34,3 +34,14 @@ def rng() -> np.random.Generator:
   seed = int.from_bytes(os.urandom(4), "little")
   print(f"numpy seed {seed}")
   return np.random.default_rng(seed)
+
+
+def pytest_collection_modifyitems(config, items):
+  """tests/test_ops.py's OPENCL cases are operator-matrix variants (ops_full): on a fresh machine each is a PoCL
+  compile, about half of `make test`'s cold time for cases the CPU and PYTHON rows of the same tests already cover
+  in the normal suite; `make test-ops` (run by CI too) runs them."""
+  for item in items:
+    spec = getattr(item, "callspec", None)
+    if item.path.name == "test_ops.py" and spec is not None and spec.params.get("device") == "OPENCL":
+      item.add_marker(pytest.mark.ops_full)
+      item.add_marker(pytest.mark.slow)
