@@ -41,7 +41,7 @@ test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) -m "not ops_full" tests
 
 # what `make test` leaves out: the operator matrix's variants (tests/ops, every shape and dtype) and the operator
-# tests' OPENCL rows (tests/test_ops.py; see tests/conftest.py); CI runs it after `make test`
+# tests' OPENCL rows (tests/test_ops.py, tests/test_autograd.py; see tests/conftest.py); CI runs it after `make test`
 test-ops: $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) -m ops_full tests
 

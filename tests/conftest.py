@@ -36,12 +36,17 @@ def rng() -> np.random.Generator:
   return np.random.default_rng(seed)
 
 
+# per-operator files whose OPENCL rows are operator-matrix variants (see below)
+OPS_FILES = ("test_ops.py", "test_autograd.py")
+
+
 def pytest_collection_modifyitems(config, items):
-  """tests/test_ops.py's OPENCL cases are operator-matrix variants (ops_full): on a fresh machine each is a PoCL
-  compile, about half of `make test`'s cold time for cases the CPU and PYTHON rows of the same tests already cover
-  in the normal suite; `make test-ops` (run by CI too) runs them."""
+  """The OPENCL cases of the per-operator tests (forward: tests/test_ops.py, gradients: tests/test_autograd.py) are
+  operator-matrix variants (ops_full): on a fresh machine each is a PoCL compile, about half of `make test`'s cold
+  time, for cases the CPU and PYTHON rows of the same tests cover in the normal suite; `make test-ops` (CI runs it
+  too) runs them. The OPENCL device keeps its own tests in the normal suite (fusion, vectors, half, jit, ...)."""
   for item in items:
     spec = getattr(item, "callspec", None)
-    if item.path.name == "test_ops.py" and spec is not None and spec.params.get("device") == "OPENCL":
+    if item.path.name in OPS_FILES and spec is not None and spec.params.get("device") == "OPENCL":
       item.add_marker(pytest.mark.ops_full)
       item.add_marker(pytest.mark.slow)
