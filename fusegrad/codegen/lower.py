@@ -124,32 +124,29 @@ class _Builder:
       self.inputs.append(n)
     return self.input_pos[id(n)]
 
-  def param(self, n: Node) -> Param:
-    if id(n) not in self.param_pos:
-      self.param_pos[id(n)] = len(self.params)
+  def _slot(self, key, n: Node | None, residual: int = 0) -> int:
+    """The argument slot of key (a node's id, or a residual offset), made on first use."""
+    if key not in self.param_pos:
+      self.param_pos[key] = len(self.params)
       self.params.append(n)
-    return Param(self.param_pos[id(n)], n.dtype)
+      if n is None: self.residuals[len(self.params) - 1] = residual
+    return self.param_pos[key]
+
+  def param(self, n: Node) -> Param:
+    return Param(self._slot(id(n), n), n.dtype)
 
   def offset_param(self, n: Node) -> sym.ArgVar:
     """The offset of view n into the buffer it reads (a leaf's), as a kernel argument: reads of the same buffer
     at another offset (a cache position, a slice's start) share the program, and the scheduler keys such a view
     without its offset (schedule._view_key), so they share the kernel too."""
-    if id(n) not in self.param_pos:
-      self.param_pos[id(n)] = len(self.params)
-      self.params.append(n)
-    slot = self.param_pos[id(n)]
+    slot = self._slot(id(n), n)
     return sym.ArgVar(f"p{slot}", -OFFSET_BOUND, OFFSET_BOUND, slot)
 
   def residual_param(self, value: int) -> sym.ArgVar:
     """What is left of a load's constant offset once its own view's is an argument (outer views' offsets folded
     through elementwise ops: an RNN's step t reading a projection plus a bias): an argument too, whose value
     belongs to this kernel (it is part of the structure the kernel was lowered for), so the program is shared."""
-    key = ("residual", value)
-    if key not in self.param_pos:
-      self.param_pos[key] = len(self.params)
-      self.params.append(None)
-      self.residuals[len(self.params) - 1] = value
-    slot = self.param_pos[key]
+    slot = self._slot(("residual", value), None, value)
     return sym.ArgVar(f"p{slot}", -OFFSET_BOUND, OFFSET_BOUND, slot)
 
   def ev(self, n: Node, idx: tuple, gate: sym.Cond):

@@ -20,7 +20,7 @@ from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.runtime import device as rd
 from fusegrad.schedule import schedule as sched
-from fusegrad.codegen.lower import param_values, Fixed
+from fusegrad.codegen.lower import param_values
 from fusegrad.engine import track, jit
 
 # replay cached schedules' plans (FUSEGRAD_EAGER_REPLAY=0 turns it off; `no_replay()` for a block)
@@ -126,7 +126,7 @@ class Plan:
       handles = [b.handle for b in bufs]
       handles += [(made[~i] if i < 0 else nodes[i].buffer).handle for i in refs]
       if params:
-        handles += dev.param_handles(k, param_values(k, [i if i is None or isinstance(i, Fixed) else nodes[i] for i in params]))
+        handles += dev.param_handles(k, param_values(k, sched.bind_params(params, nodes)))
       if dev is not bdev:
         if batch: bdev.launch_batch(batch)
         batch, bdev = [], dev

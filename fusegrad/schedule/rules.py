@@ -10,9 +10,10 @@ Three kinds, by what they read:
 - graph rewrites, before any cut (`split_reductions`: a big reduction into few outputs becomes two kernels);
 - graph rules over the whole graph in one pass, before lowering (`nested_reduction_cuts`: a matmul feeding a
   reduction is stored);
-- fusion rules over what lowering's first pass found in one fused group (`lower.Fusion`: which indices each node
-  was evaluated at, which dims run in parallel), applied before its kernel is built (`FUSION_RULES`), and after it
-  for the register tile the optimizer will pick (`tile_operands`).
+- fusion rules over what lowering's first pass finds in one fused group: asked as it meets each broadcast or
+  padded source (`broadcast_cut`, `padded_reduction`: a cut stops the evaluation there), over the whole group
+  (`lower.Fusion`: which indices each node was evaluated at, which dims run in parallel) before its kernel is
+  built (`FUSION_RULES`), and after it for the register tile the optimizer will pick (`tile_operands`).
 """
 from __future__ import annotations
 from dataclasses import dataclass
@@ -196,15 +197,10 @@ def nested_reduction_cuts(order: list[Node], is_cut) -> dict[int, tuple[Node, st
 
 # ---- fusion rules: over what lowering's first pass found -------------------------------------------------------
 
-def broadcast_recompute(f: Fusion, p: Params):
-  """A computed value broadcast by a view is recomputed for every element it is broadcast to."""
-  for src in f.expanded:
-    if _alu_count(src, f.is_leaf, p.recompute_ops) > p.recompute_ops:
-      return src, "an expensive value broadcast by a view would be recomputed per element"
-
-
 def broadcast_cut(src: Node, is_leaf, p: Params) -> str | None:
-  """broadcast_recompute asked by lowering as it meets each broadcast source (so a cut stops the evaluation)."""
+  """A computed value broadcast by a view is recomputed for every element it is broadcast to: past
+  `recompute_ops` it is stored. Asked by lowering as it meets each broadcast source (so a cut stops the
+  evaluation there)."""
   if _alu_count(src, is_leaf, p.recompute_ops) > p.recompute_ops:
     return reason("broadcast_recompute", "an expensive value broadcast by a view would be recomputed per element")
 
@@ -259,7 +255,7 @@ def broadcast_reduction(f: Fusion, p: Params):
 
 
 # in the order they are asked (the first that cuts wins; the group is analyzed again with the cut)
-FUSION_RULES = (broadcast_recompute, index_recompute, nested_reduction, parallel_work, broadcast_reduction)
+FUSION_RULES = (index_recompute, nested_reduction, parallel_work, broadcast_reduction)
 
 
 def tile_operands(f: Fusion, k: Kernel, p: Params):

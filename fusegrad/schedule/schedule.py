@@ -199,9 +199,13 @@ class CachedSchedule:
     return nodes + [Node(op, d, (), None, shape, dev) for op, d, shape, dev in self.extra]
 
   def items(self, nodes: list[Node]) -> list[ScheduleItem]:
-    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why,
-                         [i if i is None or isinstance(i, Fixed) else nodes[i] for i in ps])
+    return [ScheduleItem(kind, [nodes[i] for i in outs], [nodes[i] for i in ins], k, why, bind_params(ps, nodes))
             for kind, outs, ins, k, why, ps in self.entries]
+
+
+def bind_params(specs, nodes: list) -> list:
+  """A cached schedule's argument specs (_param_spec) as ScheduleItem.params for the walk's nodes."""
+  return [i if i is None or isinstance(i, Fixed) else nodes[i] for i in specs]
 
 
 def _param_spec(x, pos: dict):
