@@ -228,6 +228,11 @@ def index_put(self: Tensor, indices, values, accumulate: bool = False) -> Tensor
   v = vals.reshape(-1, 1, *rest)                                            # [M, 1, *rest]
   h = hit.reshape(*hit.shape, *(1,) * len(rest))
   red = _reduce_hits(v, h, "sum", 0).reshape(self.shape)
+  if not accumulate and flat.numel() > 1 and vals.requires_grad:
+    # PyTorch's derivative gives every value the gradient at its target, also a value a later one overwrote
+    every = _reduce_hits(v, (flat.reshape(-1, 1) == arange(P, device=self.device)).reshape(h.shape), "sum", 0)
+    every = every.reshape(self.shape)
+    red = every + (red - every).detach()
   if accumulate: return (self + red)._cast(self.dtype) if not self.dtype.is_bool else self | red
   got = hit.any(0).reshape(*self.shape[:k], *(1,) * len(rest))
   return where(got, red, self)._cast(self.dtype)

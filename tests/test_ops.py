@@ -1234,3 +1234,19 @@ def test_setitem_integer_and_mask_tensors(device, rng):
   x[fg.tensor(m, device=device)] = fg.tensor(w, device=device)
   tx[torch.tensor(m)] = torch.tensor(w)
   check(x, tx)
+
+
+def test_index_put_repeated_position_gradients(rng):
+  """A position named twice keeps the last value; PyTorch's derivative still gives every value the gradient at its
+  target (also the overwritten one), and the input none there (a CI run once drew such indices at random)."""
+  x, v, w = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (3,), (3, 4)))
+  idx = ([1, 1, 2], [3, 3, 0])
+  out = {}
+  for L in (torch, fg):
+    X, V = L.tensor(x, requires_grad=True), L.tensor(v, requires_grad=True)
+    y = X.index_put(tuple(L.tensor(i) for i in idx), V)
+    (y * L.tensor(w)).sum().backward()
+    out[L] = [t.detach().numpy() for t in (y, X.grad, V.grad)]
+  for got, want in zip(out[fg], out[torch]):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  assert out[fg][2][0] == out[fg][2][1] == w[1, 3]
