@@ -37,14 +37,15 @@ def assert_same_bits(got: np.ndarray, want: np.ndarray, label: str) -> None:
   assert not bad.any(), f"{label}: {int(bad.sum())} elements differ, e.g. {got[bad][:4]} != {want[bad][:4]}"
 
 
-def assert_within_ulp(got: np.ndarray, want: np.ndarray, dtype: str, label: str) -> None:
-  """within 1 ulp of the 16-bit dtype (NaN where the other has NaN)."""
+def assert_within_ulp(got: np.ndarray, want: np.ndarray, dtype: str, label: str, atol: float = 0.0) -> None:
+  """within 1 ulp of the 16-bit dtype (NaN where the other has NaN), or within atol: a result of cancellation
+  (b - w * y near 0) carries float32's error of its operands' size, many ulps of its own tiny size."""
   assert got.shape == want.shape, f"{label}: shape {got.shape} != {want.shape}"
   nan = np.isnan(got)
   assert (nan == np.isnan(want)).all(), f"{label}: NaN at different places\n{got}\n{want}"
   if dtype == "bfloat16": g, w = ordered(got[~nan]) >> 16, ordered(want[~nan]) >> 16
   else: g, w = ordered_f16(got[~nan]), ordered_f16(want[~nan])
-  far = np.abs(g - w) > 1
+  far = (np.abs(g - w) > 1) & (np.abs(got[~nan] - want[~nan]) > atol)
   assert not far.any(), f"{label}: more than 1 ulp apart: {got[~nan][far][:4]} vs {want[~nan][far][:4]}"
 
 
@@ -190,7 +191,8 @@ def test_norms_round_once(device, rng, dtype):
                           ("group_norm", F.group_norm(fx.reshape(8, 8, 8), 4, fw[:8], fb[:8]),
                            TF.group_norm(x.reshape(8, 8, 8), 4, w[:8], b[:8]))):
     assert got.dtype == fd, name
-    assert_within_ulp(bits(got), bits(want), dtype, name)
+    # the operands are of size ~10: float32's rounding before the last rounding to 16 bits is ~1e-6
+    assert_within_ulp(bits(got), bits(want), dtype, name, atol=1e-5)
 
 
 def test_rounding_only_where_needed():
