@@ -1195,7 +1195,7 @@ class Tensor:
     a0, b0 = a, b
     with autograd.no_grad():   # one MATMUL recipe for autograd: its gradients are matmuls again
       panel = _panel(b, n, k, m, d)
-      if not panel and n >= 16 and n * k * m >= 1 << 20 and _transposed_view(b): b = b.contiguous()
+      if not panel and n >= 16 and prod(batch) * n * k * m >= 1 << 20 and _transposed_view(b): b = b.contiguous()
       # float16/bfloat16: products and sum in float32, the result rounded once (PyTorch's CPU matmul)
       if d in HALF_FLOATS: a, b = a._cast(dt.float32), b._cast(dt.float32)
       if panel:

@@ -37,8 +37,10 @@ CASES = {
   "adamax_betas_wd_maximize": dict(cls="Adamax", kw=dict(lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05,
                                                          maximize=True)),
   "nadam": dict(cls="NAdam", kw=dict(lr=0.01)),
+  # lr 0.02 and beta2 0.99: a near-zero gradient's rounding moves a step by up to ~0.5% of lr (9e-5 over 150 seeds;
+  # ~2% of seeds passed 2e-5, with fusegrad's and torch's sums in either order)
   "nadam_wd_momentum_decay": dict(cls="NAdam", kw=dict(lr=0.02, betas=(0.8, 0.99), weight_decay=0.05,
-                                                       momentum_decay=0.01)),
+                                                       momentum_decay=0.01), atol=2e-4),
   "nadam_decoupled_maximize": dict(cls="NAdam", kw=dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True,
                                                         maximize=True)),
   "radam": dict(cls="RAdam", kw=dict(lr=0.01)),
@@ -74,8 +76,9 @@ def test_trajectory_matches_torch(device, rng, case):
     topt.step()
   # adaptive steps divide by sqrt(v): where a gradient sits near zero, its float32 rounding (which depends on the
   # summation order of x @ w's backward) moves the step by a visible fraction of lr; 40 seeds x 20 steps stay < 1e-5
-  np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=2e-5)
-  np.testing.assert_allclose(bb.numpy(), tb.detach().numpy(), rtol=1e-5, atol=2e-5)
+  atol = spec.get("atol", 2e-5)
+  np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=atol)
+  np.testing.assert_allclose(bb.numpy(), tb.detach().numpy(), rtol=1e-5, atol=atol)
 
 
 def test_param_groups_have_their_own_lr(rng):

@@ -27,6 +27,7 @@ class OptOp(enum.Enum):
   GROUP = "group"      # split off `arg` indices of a reduction axis, reduced by a work-group in local memory
   SWAP = "swap"        # exchange the axis with axis `arg` (same kind): loop order, or which index runs fastest
   PADTO = "padto"      # round the axis's size up to a multiple of `arg`; the extra indices compute nothing
+  LOOP = "loop"        # split off `arg` indices of a GLOBAL axis as a sequential loop inside each work item
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,12 @@ def _local(k, opt, a, caps):
   return _split(k, opt.axis, opt.arg, K.LOCAL)
 
 
+def _loop(k, opt, a, caps):
+  _need(a.kind is K.GLOBAL, opt, k, f"only a global axis becomes a loop, this one is {a.kind.value}")
+  _check_split(k, opt, a)
+  return _split(k, opt.axis, opt.arg, K.LOOP)
+
+
 def _group(k, opt, a, caps):
   _need(caps.has_local, opt, k, "the device has no work-groups (local memory)")
   _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis is grouped, this one is {a.kind.value}")
@@ -200,4 +207,4 @@ def _reduces(k: Kernel) -> list:
 
 
 _APPLY = {OptOp.UPCAST: _upcast, OptOp.UNROLL: _unroll, OptOp.LOCAL: _local, OptOp.GROUP: _group, OptOp.SWAP: _swap,
-          OptOp.PADTO: _padto}
+          OptOp.PADTO: _padto, OptOp.LOOP: _loop}

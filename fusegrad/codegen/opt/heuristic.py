@@ -34,6 +34,8 @@ COL_VECTORS = 2
 # measured 1.8x faster than 4 rows on a 3x3 convolution; AVX2's 16 registers hold 4 rows x 1 vector of 16)
 TILE_ROWS = (8, 4, 2)
 SPARE_REGISTERS = 4
+# an elementwise kernel without vector values runs an innermost axis of at least this many indices as a loop
+INNER_LOOP_MIN = 16
 
 
 def tile_shape(caps: Caps | None) -> tuple[tuple, int]:
@@ -61,24 +63,36 @@ def _reused_without(var, reduces, deps) -> bool:
   return False
 
 
+def _reduce_loads(reduces) -> list:
+  return [x for r in reduces for x in toposort([r.src]) if isinstance(x, (Load, Gather))]
+
+
 def _columns_contiguous(var, reduces) -> bool:
-  """Does every read inside the reductions step by 1 along var and by more along the reduction (a sum
-  over rows, a bias gradient)? Then a block of columns per work item is one vector add per row."""
-  loads = [x for r in reduces for x in toposort([r.src]) if isinstance(x, (Load, Gather))]
-  if not loads: return False
+  """Does every read inside the reductions that moves along var step by 1 along it, and by more along the
+  reduction (a sum over rows, a bias gradient; a per-row value beside it, layernorm's statistics, is broadcast)?
+  Then a block of columns per work item is one vector add per row."""
+  loads = _reduce_loads(reduces)
+  if not loads or any(not isinstance(x, Load) for x in loads): return False
   rvars = {v for r in reduces for v in r.loops}
+  along = 0
   for x in loads:
-    if not isinstance(x, Load): return False
     terms = dict(sym.lin(x.idx).terms)
-    if terms.get(var) != 1: return False
+    if var in x.valid.variables() or terms.get(var, 1) != 1: return False
+    if var not in terms: continue
+    along += 1
     if any(a in rvars and c == 1 for a, c in terms.items()): return False
-  return True
+  return along > 0
 
 
 def register_tile(k: Kernel, caps: Caps | None = None) -> list:
-  """[(var, n), ...]: the output axes (row then column) a register tile blocks, in the order they are split, or []
-  when none pays; var None: the outer part of the axis split just before (the column vectors of a tile). The
-  tile's size fits caps' registers (without caps: ROW_LANES x COL_VECTORS).
+  """[(var, n), ...]: the output axes a register tile blocks, in the order they are split, the column axis (its
+  vector lanes) last among the named ones, or [] when none pays; var None: the outer part of the axis split just
+  before (the column vectors of a tile). The tile's size fits caps' registers (without caps: ROW_LANES x
+  COL_VECTORS).
+  The rows are an axis the column operand does not move along (a matmul's rows of a, a convolution's output
+  channels); a matmul whose b was packed in panels (tensor._panel) has its columns in two axes, the panel and
+  its lanes, and takes its column vectors from the panel axis. A column operand read with a stride along the
+  columns (a multiple of the column index in its index) would make the tile scalar registers (spilled): no tile.
   The schedule's rules read it too: a tile recomputes a computed operand once per block, so they store expensive
   ones."""
   reduces = _reduces(k)
@@ -88,20 +102,29 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   deps = dependencies([st.value for st in k.stores])
   extent = 1
   for v in gvars: extent *= v.hi + 1
-  cols = next((c for c in OUT_LANES if (gvars[-1].hi + 1) % c == 0), None)
+  col = gvars[-1]
+  cols = next((c for c in OUT_LANES if (col.hi + 1) % c == 0), None)
   if cols is None: return []
-  if not ((extent // cols >= MIN_PARALLEL and _reused_without(gvars[-1], reduces, deps)) or
-          (extent // cols >= 4 and _columns_contiguous(gvars[-1], reduces))): return []
-  tile, work = [(gvars[-1], cols)], extent // cols
+  if not ((extent // cols >= MIN_PARALLEL and _reused_without(col, reduces, deps)) or
+          (extent // cols >= 4 and _columns_contiguous(col, reduces))): return []
+  col_loads = [x for x in _reduce_loads(reduces) if col in deps[id(x)]]
+  if any(dict(sym.lin(x.idx).terms).get(col, 1) != 1 for x in col_loads if isinstance(x, Load)): return []
+  tile, work = [(col, cols)], extent // cols
   row_counts, col_vectors = tile_shape(caps)
-  rows = next((r for r in row_counts if (gvars[-2].hi + 1) % r == 0 and work // r >= MIN_PARALLEL), None) \
-      if len(gvars) >= 2 else None
-  if rows is not None and _reused_without(gvars[-2], reduces, deps):
-    tile.insert(0, (gvars[-2], rows))
+  moving = set().union(*(deps[id(x)] for x in col_loads)) if col_loads else set()
+  rowlike = [v for v in gvars[:-1] if v not in moving]
+  row_var = rowlike[-1] if rowlike else (gvars[-2] if len(gvars) >= 2 else None)
+  rows = next((r for r in row_counts if (row_var.hi + 1) % r == 0 and work // r >= MIN_PARALLEL), None) \
+      if row_var is not None else None
+  if rows is not None and _reused_without(row_var, reduces, deps):
+    tile.insert(0, (row_var, rows))
     work //= rows
     # several column vectors per row (a matmul): fewer reads of the rows per multiply-add
-    if col_vectors > 1 and (gvars[-1].hi + 1) % (cols * col_vectors) == 0 and work // col_vectors >= MIN_PARALLEL:
-      tile.append((None, col_vectors))
+    panel = next((v for v in reversed(gvars[:-1]) if v is not row_var and v in moving and
+                  (v.hi + 1) % col_vectors == 0), None) if col.hi + 1 == cols else None
+    if col_vectors > 1 and work // col_vectors >= MIN_PARALLEL:
+      if (col.hi + 1) % (cols * col_vectors) == 0: tile.append((None, col_vectors))
+      elif panel is not None: tile.insert(1, (panel, col_vectors))
   return tile
 
 
@@ -143,6 +166,10 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
              None)
     kv = _in_vectors(k, g, w, caps) if w is not None else None
     if kv is not None: opts.append(kv.opts[-1])
+    elif len(k.of_kind(K.GLOBAL)) >= 2 and g.hi + 1 >= INNER_LOOP_MIN and k.groups // (g.hi + 1) >= MIN_PARALLEL:
+      # no vector values (a transcendental function, a gather): the innermost axis as a loop in each work item, a
+      # plain stride-1 loop the C compiler vectorizes, instead of one flat index divided back into the axes
+      do(OptOp.LOOP, g, g.hi + 1)
     return opts
   for r in reduces:
     last = r.loops[-1]
