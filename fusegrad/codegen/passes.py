@@ -13,7 +13,7 @@ import itertools
 from dataclasses import replace
 from fusegrad.graph import symbolic as sym
 from fusegrad import dtype as dt
-from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store,
+from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, Val, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store,
                                  Vectorize, Gep, VecDType, vec, children, dependencies, toposort, substitute_kernel)
 
 K = AxisKind
@@ -88,15 +88,19 @@ VECTOR_REDUCES = frozenset({"SUM", "MAX", "MIN"})
 def vector_axis(k: Kernel, caps, deps: dict):
   """The UPCAST axis expand turns into vector values: of those whose size is a vector width of the device, the
   one most loads and stores step along by 1 (the last on a tie), when every value along it is a float32 load,
-  arithmetic op or reduction (else None: scalar copies)."""
+  arithmetic op or reduction (else None: scalar copies). Values after the reductions (an epilogue: a mask, a
+  comparison, a transcendental function) may be anything: they run lane by lane on the reductions' vectors."""
   widths = caps.vector_widths if caps is not None and not k.of_kind(K.GROUP_REDUCE) else ()   # (partials: scalars)
   cands = [a.var for a in k.axes if a.kind is K.UPCAST and a.size in widths]
   if not cands: return None
   vals = toposort([st.value for st in k.stores])
   idxs = [x.idx for x in vals if isinstance(x, Load)] + [st.idx for st in k.stores]
   u = max(reversed(cands), key=lambda c: sum(_stride(i, c) == 1 for i in idxs))
+  on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
+  reduces = [v for v in vals if isinstance(v, Reduce) and on_u(v)]
+  inside = {id(x) for r in reduces for x in toposort((r.src,) + r.more)} | {id(r) for r in reduces}
   for v in vals:
-    if not (u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)): continue
+    if not on_u(v) or (reduces and id(v) not in inside): continue
     if v.dtype is not dt.float32: return None
     ok = isinstance(v, Load) or (isinstance(v, Alu) and v.op in VECTOR_OPS) or \
         (isinstance(v, Reduce) and v.op in VECTOR_REDUCES)
@@ -127,12 +131,19 @@ def _vectorize(stores: list, u: sym.Var) -> list:
       mentions.add(id(v))
   at = [{u: sym.const(i)} for i in range(n)]
   memo: dict = {}
-  isvec = lambda x: isinstance(x.dtype, VecDType)
+  isvec = lambda x: isinstance(x, Val) and isinstance(x.dtype, VecDType)
+  # a value that is no vector op (vector_axis admits them after the reductions only) is a tuple of its lanes
+  islanes = lambda x: isinstance(x, tuple)
+
+  def lane(x, i):
+    if islanes(x): return x[i]
+    return Gep(x, i, x.dtype.scalar) if isvec(x) else x
 
   def as_vec(x):
     if isvec(x): return x
     r = memo.get(("bcast", id(x)))
-    if r is None: r = memo[("bcast", id(x))] = Vectorize((x,) * n, vec(x.dtype, n))
+    if r is None:
+      r = memo[("bcast", id(x))] = Vectorize(tuple(x) if islanes(x) else (x,) * n, vec(lane(x, 0).dtype, n))
     return r
 
   def vz(v):
@@ -142,16 +153,24 @@ def _vectorize(stores: list, u: sym.Var) -> list:
     if r is not None: return r
     vd = vec(v.dtype, n)
     if isinstance(v, Load):
-      if _stride(v.idx, u) == 1 and u not in v.valid.variables():
+      if v.dtype is not dt.float32:
+        r = tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
+      elif _stride(v.idx, u) == 1 and u not in v.valid.variables():
         r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)
       else:
         r = Vectorize(tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at), vd)
+    elif isinstance(v, Index): r = tuple(Index(sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
+    elif isinstance(v, Valid): r = tuple(Valid(v.cond.substitute(e), v.dtype) for e in at)
     elif isinstance(v, Alu):
       srcs = [vz(c) for c in v.src]
-      r = Alu(v.op, vd, tuple(as_vec(c) for c in srcs)) if any(isvec(c) for c in srcs) else Alu(v.op, v.dtype, tuple(srcs))
+      if not any(isvec(c) or islanes(c) for c in srcs): r = Alu(v.op, v.dtype, tuple(srcs))
+      elif v.op in VECTOR_OPS and v.dtype is dt.float32 and not any(islanes(c) for c in srcs):
+        r = Alu(v.op, vd, tuple(as_vec(c) for c in srcs))
+      else: r = tuple(Alu(v.op, v.dtype, tuple(lane(c, i) for c in srcs)) for i in range(n))
     elif isinstance(v, Reduce):
       srcs = [vz(c) for c in (v.src,) + v.more]
-      if u not in v.loops and not any(isvec(c) for c in srcs): r = Reduce(v.op, v.dtype, v.loops, srcs[0], tuple(srcs[1:]))
+      if u not in v.loops and not any(isvec(c) or islanes(c) for c in srcs):
+        r = Reduce(v.op, v.dtype, v.loops, srcs[0], tuple(srcs[1:]))
       else:
         srcs = [as_vec(c) for c in srcs]
         acc = Reduce(v.op, vd, tuple(x for x in v.loops if x != u), srcs[0], tuple(srcs[1:]))
@@ -159,7 +178,10 @@ def _vectorize(stores: list, u: sym.Var) -> list:
         else:   # the lanes folded in order, as expand folds its scalar accumulators
           r = Gep(acc, 0, v.dtype)
           for i in range(1, n): r = Alu(FOLD_OP[v.op], v.dtype, (r, Gep(acc, i, v.dtype)))
-    elif isinstance(v, Gather) and not isvec(vz(v.src)): r = Gather(v.buf, v.size, vz(v.src), v.dtype)
+    elif isinstance(v, Gather):
+      src = vz(v.src)
+      r = tuple(Gather(v.buf, v.size, lane(src, i), v.dtype) for i in range(n)) if isvec(src) or islanes(src) else \
+          Gather(v.buf, v.size, src, v.dtype)
     else: raise AssertionError(f"not vectorizable: {v}")   # vector_axis admitted only the kinds above
     memo[id(v)] = r
     return r
@@ -168,13 +190,12 @@ def _vectorize(stores: list, u: sym.Var) -> list:
   for st in stores:
     val = vz(st.value)
     on_u = u in sym.variables(st.idx) or u in st.valid.variables()
-    if not isvec(val) and not on_u: out.append(Store(st.buf, st.idx, val, st.valid))
+    if not isvec(val) and not islanes(val) and not on_u: out.append(Store(st.buf, st.idx, val, st.valid))
     elif isvec(val) and _stride(st.idx, u) == 1 and u not in st.valid.variables():
       out.append(Store(st.buf, sym.substitute(st.idx, at[0]), val, st.valid))
     else:
       for i, e in enumerate(at):
-        lane = Gep(val, i, val.dtype.scalar) if isvec(val) else val
-        out.append(Store(st.buf, sym.substitute(st.idx, e), lane, st.valid.substitute(e)))
+        out.append(Store(st.buf, sym.substitute(st.idx, e), lane(val, i), st.valid.substitute(e)))
   return out
 
 
