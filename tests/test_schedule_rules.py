@@ -220,19 +220,23 @@ def test_rules_on_every_device(device, rng, fresh_caches):
   np.testing.assert_array_equal(outs[2].numpy(), x.max(1))
 
 
-def test_gpu_params_store_broadcast_reductions(monkeypatch, rng):
-  """On a device that groups reductions (a GPU: Params.store_broadcast_reductions), softmax and layernorm store
-  each row reduction in a kernel of its own (a work-group reduces it) and the outputs run elementwise."""
+@pytest.mark.parametrize("width,kernels", [(64, ["r"]), (40, ["r", "r", "E"])])
+def test_gpu_params_store_broadcast_reductions(monkeypatch, rng, width, kernels):
+  """On a device that groups reductions (a GPU: Params.store_broadcast_reductions), softmax and layernorm are one
+  kernel where a work-group can share a row's reductions and outputs (a row length with a power-of-two factor of
+  heuristic.GROUP_MIN: 64); otherwise (40) each row reduction is stored by a kernel of its own (a work-group
+  reduces it) and the outputs run elementwise."""
   import torch
   monkeypatch.setitem(rules.DEVICE_PARAMS, "PYTHON", rules.GPU)
   S._schedule_cache.clear(); S._lower_cache.clear()
   try:
-    x = rng.standard_normal((16, 64)).astype(np.float32)
+    x = rng.standard_normal((16, width)).astype(np.float32)
     for f, tf in ((lambda t: t.softmax(-1), lambda t: t.softmax(-1)),
-                  (lambda t: fg.nn.functional.layer_norm(t, (64,)), lambda t: torch.nn.functional.layer_norm(t, (64,)))):
+                  (lambda t: fg.nn.functional.layer_norm(t, (width,)),
+                   lambda t: torch.nn.functional.layer_norm(t, (width,)))):
       with fg.track() as tr:
         got = f(fg.tensor(x, device="PYTHON")).numpy()
-      assert [k.name[0] for k in tr.kernels] == ["r", "r", "E"], [k.name for k in tr.kernels]
+      assert [k.name[0] for k in tr.kernels] == kernels, [k.name for k in tr.kernels]
       np.testing.assert_allclose(got, tf(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
   finally:
     S._schedule_cache.clear(); S._lower_cache.clear()

@@ -21,12 +21,15 @@ class AxisKind(enum.Enum):
   LOOP = "loop"                  # a sequential loop inside each work item, over outputs
   REDUCE = "reduce"              # a reduction's sequential loop
   GROUP_REDUCE = "group_reduce"  # a reduction shared by the work items of a work-group (local memory)
+  GROUP_LOOP = "group_loop"      # a loop over outputs shared by the work items of a work-group (each takes its own)
   UPCAST = "upcast"              # expanded in registers: one value (vector lane) per index
   UNROLL = "unroll"              # a reduction's loop expanded in registers, updates in order
 
 
 # the kinds expanded into registers by codegen/passes.expand (no loop remains of them)
 REGISTER_KINDS = frozenset({AxisKind.UPCAST, AxisKind.UNROLL})
+# the kinds bound to the work-group's one shared index (codegen/passes.bind)
+SHARED_KINDS = (AxisKind.GROUP_REDUCE, AxisKind.GROUP_LOOP)
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,16 @@ class Kernel:
   @property
   def global_dims(self) -> tuple: return tuple(a.size for a in self.of_kind(AxisKind.GLOBAL))
   @property
-  def local_dims(self) -> tuple: return tuple(a.size for a in self.of_kind(AxisKind.LOCAL, AxisKind.GROUP_REDUCE))
+  def shared_size(self) -> int:
+    """The size of the work-group's shared axis: every GROUP_REDUCE and GROUP_LOOP axis is bound to one index of
+    the group (they are phases of one kernel: its reductions one after another, then its outputs), so they have one
+    size; 0 when the kernel has none."""
+    return max((a.size for a in self.of_kind(*SHARED_KINDS)), default=0)
+
+  @property
+  def local_dims(self) -> tuple:
+    """The work-group's dims: its LOCAL axes, then the shared axis."""
+    return tuple(a.size for a in self.of_kind(AxisKind.LOCAL)) + ((self.shared_size,) if self.shared_size else ())
 
   @property
   def groups(self) -> int:

@@ -6,14 +6,15 @@ loop); an upcast reduction axis becomes several accumulators folded after the lo
 becomes several updates of one accumulator per iteration, in the loop's order.
 
 bind: GLOBAL axes are derived from one flat work-item index `gidx` (the first GLOBAL axis outermost), LOCAL
-and GROUP_REDUCE axes from the flat index `lidx` within a work-group; index expressions over them simplify.
+axes and the shared axis (every GROUP_REDUCE and GROUP_LOOP axis: one index) from the flat index `lidx` within a
+work-group; index expressions over them simplify.
 """
 from __future__ import annotations
 import itertools
 from dataclasses import replace
 from fusegrad.graph import symbolic as sym
 from fusegrad import dtype as dt
-from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, Val, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store,
+from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, SHARED_KINDS, Val, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store,
                                  Vectorize, Gep, VecDType, vec, children, dependencies, toposort, substitute_kernel)
 
 K = AxisKind
@@ -200,18 +201,19 @@ def _vectorize(stores: list, u: sym.Var) -> list:
 
 
 def group(k: Kernel) -> Kernel:
-  """A GROUP_REDUCE axis g: each reduction over g becomes every work item's partial over its other loops,
-  combined across the work-group (ir.GroupReduce); every item then holds the result, and only the items
-  with g == 0 store."""
-  gs = k.of_kind(K.GROUP_REDUCE)
-  if not gs: return k
-  g = gs[0].var
-  loc = [a.var for a in k.of_kind(K.LOCAL, K.GROUP_REDUCE)]
-  mine, stride = sym.const(0), 1
-  for v in reversed(loc):
-    mine = mine + sym.lin(v) * stride
-    stride *= v.hi + 1
-  slots = tuple(sym.substitute(mine, {g: sym.const(c)}) for c in range(g.hi + 1))
+  """GROUP_REDUCE axes: each reduction over one (g) becomes every work item's partial over its other loops,
+  combined across the work-group (ir.GroupReduce); every item then holds the result. All shared axes (GROUP_REDUCE,
+  GROUP_LOOP) are the one shared index of the group (bind), so a slot is the item's LOCAL position and g; a store
+  that depends on no shared axis is made by the items with that index 0 only."""
+  shared = [a.var for a in k.of_kind(*SHARED_KINDS)]
+  if not shared: return k
+  loc = [a.var for a in k.of_kind(K.LOCAL)]
+  def flat(g):
+    mine, stride = sym.lin(g), g.hi + 1
+    for v in reversed(loc):
+      mine = mine + sym.lin(v) * stride
+      stride *= v.hi + 1
+    return mine, stride
   memo: dict = {}
   def rw(v):
     r = memo.get(id(v))
@@ -220,16 +222,23 @@ def group(k: Kernel) -> Kernel:
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, rw(v.src), v.dtype)
     elif isinstance(v, Reduce):
       srcs = [rw(c) for c in (v.src,) + v.more]
-      if g in v.loops:
+      g = next((x for x in v.loops if x in shared), None)
+      if g is not None:
         part = Reduce(v.op, v.dtype, tuple(x for x in v.loops if x != g), srcs[0], tuple(srcs[1:]))
-        r = GroupReduce(v.op, v.dtype, part, g, mine, slots, stride)
+        mine, size = flat(g)
+        slots = tuple(sym.substitute(mine, {g: sym.const(c)}) for c in range(g.hi + 1))
+        r = GroupReduce(v.op, v.dtype, part, g, mine, slots, size)
       else: r = Reduce(v.op, v.dtype, v.loops, srcs[0], tuple(srcs[1:]))
     else: r = v
     memo[id(v)] = r
     return r
-  first = sym.Cond.range(sym.lin(g), 0, 1)
-  stores = tuple(Store(st.buf, st.idx, rw(st.value), st.valid & first) for st in k.stores)
-  return replace(k, stores=stores)
+  first = sym.Cond.range(sym.lin(shared[0]), 0, 1)
+  loops = {a.var for a in k.of_kind(K.GROUP_LOOP)}
+  stores = []
+  for st in k.stores:
+    own = (sym.variables(st.idx) | st.valid.variables()) & loops
+    stores.append(Store(st.buf, st.idx, rw(st.value), st.valid if own else st.valid & first))
+  return replace(k, stores=tuple(stores))
 
 
 GIDX, LIDX = "gidx", "lidx"
@@ -238,7 +247,8 @@ GIDX, LIDX = "gidx", "lidx"
 def bind(k: Kernel) -> tuple[Kernel, sym.Var, sym.Var | None]:
   """(k with GLOBAL and LOCAL axes written over the flat indices, the gidx Var, the lidx Var or None)."""
   glob = [a.var for a in k.of_kind(K.GLOBAL)]
-  loc = [a.var for a in k.of_kind(K.LOCAL, K.GROUP_REDUCE)]
+  shared = [a.var for a in k.of_kind(*SHARED_KINDS)]
+  loc = [a.var for a in k.of_kind(K.LOCAL)] + shared[:1]
   gidx = sym.Var(GIDX, 0, max(k.groups - 1, 0))
   lidx = sym.Var(LIDX, 0, k.local_size[0] - 1) if loc else None
   env: dict = {}
@@ -248,4 +258,5 @@ def bind(k: Kernel) -> tuple[Kernel, sym.Var, sym.Var | None]:
       q = sym.div(flat, acc)
       env[v] = q if v is vs[0] else sym.mod(q, v.hi + 1)
       acc *= v.hi + 1
+  for v in shared[1:]: env[v] = env[shared[0]]   # one shared index: the group's reductions and output loops
   return substitute_kernel(k, env), gidx, lidx

@@ -47,8 +47,8 @@ class Params:
   # the number of partial results of a split: 2**(log2(elements)/2) clamped to these powers of two
   split_parts_log2: tuple = (6, 10)
   # a reduction whose value is broadcast over some output dims (softmax's max and sum, layernorm's moments) gets a
-  # kernel of its own: on a GPU a work-group reduces it through local memory, which needs it alone in its kernel,
-  # and the outputs then run one per work item (fused, one work item walked a whole row: 0.06x torch on an H100)
+  # kernel of its own where a work-group cannot share it with the outputs (rule broadcast_reduction; fused and not
+  # grouped, one work item walked a whole row: 0.06x torch on an H100)
   store_broadcast_reductions: bool = False
 
 
@@ -248,10 +248,15 @@ def parallel_work(f: Fusion, p: Params):
 
 
 def broadcast_reduction(f: Fusion, p: Params):
-  """A reduction broadcast over output dims, on a device that groups reductions (Params.store_broadcast_reductions)."""
+  """A reduction broadcast over output dims, on a device that groups reductions (Params.store_broadcast_reductions),
+  when a work-group cannot share it with the outputs: its length has no power-of-two factor of GROUP_MIN (the
+  work-group form, codegen/opt/heuristic._work_groups, splits every reduction and output loop of the kernel by
+  one such factor; without it one work item would walk a whole row)."""
   if p.store_broadcast_reductions:
     for n, extent in f.inner:
-      if extent < f.full: return n, "a reduction broadcast over outputs is grouped in a kernel of its own (GPU)"
+      red = prod(n.src[0].shape[a] for a in n.arg[1])
+      if extent < f.full and red & -red < heuristic.GROUP_MIN:
+        return n, "a reduction broadcast over outputs that a work-group cannot share is grouped in a kernel of its own"
 
 
 # in the order they are asked (the first that cuts wins; the group is analyzed again with the cut)

@@ -36,6 +36,8 @@ def make(name: str, rng: np.random.Generator, device: str = "PYTHON") -> fg.Tens
   if name == "sum_cols": return t(64, 48).sum(0)
   if name == "sum_all": return t(8, 256).sum()
   if name == "softmax": return t(24, 40).softmax(-1)
+  if name == "softmax_wide": return t(6, 256).softmax(-1)
+  if name == "layernorm_wide": return fg.nn.functional.layer_norm(t(4, 128), (128,), t(128), t(128))
   if name == "layernorm": return fg.nn.functional.layer_norm(t(16, 32), (32,))
   if name == "elementwise": return (t(48, 32) * 2 + 1).exp().log() - t(48, 32).abs()
   if name == "max_rows": return t(32, 48).max(1)[0] if isinstance(t(1, 2).max(1), tuple) else t(32, 48).amax(1)

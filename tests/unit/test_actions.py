@@ -132,11 +132,14 @@ def _has_opencl() -> bool:
   ("max_rows", (Opt(OptOp.GROUP, 1, 48),)),
   ("matmul", (Opt(OptOp.LOCAL, 1, 16), Opt(OptOp.LOCAL, 0, 4), Opt(OptOp.UPCAST, 0, 2))),
   ("int_sum", (Opt(OptOp.GROUP, 1, 32),)),
+  ("softmax_wide", None),
+  ("layernorm_wide", None),
 ])
 def test_work_groups_on_opencl(name, opts, rng):
   """Work-group dims and group reductions (local memory, barriers) rendered in OpenCL C match the interpreter."""
   item = one_kernel(make(name, rng, "OPENCL"))
   want = run(item, (), "OPENCL")
+  if opts is None: opts = tuple(heuristic.hand_coded(item.kernel, GPU))   # the GPU's defaults
   c = rd.get("OPENCL").compile_with(item.kernel, opts)
   assert c.kernel.local_size is not None and "barrier" in c.source if any(o.op is OptOp.GROUP for o in opts) else True
   _close(run(item, opts, "OPENCL"), want)
@@ -145,7 +148,7 @@ def test_work_groups_on_opencl(name, opts, rng):
 GPU = Caps(has_local=True, max_local=1024, local_bytes=48 << 10, vector_widths=(2, 4, 8), prefers_blocking=False)
 
 
-@pytest.mark.parametrize("name", NAMES + ["matmul_gpu", "elementwise_big"])
+@pytest.mark.parametrize("name", NAMES + ["matmul_gpu", "elementwise_big", "softmax_wide", "layernorm_wide"])
 def test_gpu_heuristic_keeps_the_result(name, rng):
   """The work-group defaults of a GPU (renderer caps without blocking), run by the interpreter."""
   item = one_kernel(make(name, rng))
@@ -154,6 +157,10 @@ def test_gpu_heuristic_keeps_the_result(name, rng):
   if name == "matmul_gpu": assert AxisKind.LOCAL in kinds and AxisKind.UPCAST in kinds
   if name in ("sum_rows", "sum_all", "max_rows"): assert AxisKind.GROUP_REDUCE in kinds
   if name == "elementwise_big": assert AxisKind.LOCAL in kinds
+  if name in ("softmax_wide", "layernorm_wide"):   # one work-group per row: its reductions, then its outputs
+    k = apply_opts(item.kernel, opts, GPU)
+    assert len(k.of_kind(AxisKind.GROUP_REDUCE)) >= 2 and k.of_kind(AxisKind.GROUP_LOOP), (opts, k.axes)
+    assert k.local_size == ((256,) if name == "softmax_wide" else (128,)) and k.groups == item.kernel.axes[0].size
   _close(run(item, tuple(opts)), run(item, ()))
 
 

@@ -14,7 +14,7 @@ from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad import dtype as dt
 from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, Index, Gather, Alu, Const, Valid, Store,
-                                 REGISTER_KINDS, substitute_kernel, toposort)
+                                 REGISTER_KINDS, SHARED_KINDS, substitute_kernel, toposort, dependencies)
 from fusegrad.codegen.renderer.base import Caps
 
 K = AxisKind
@@ -23,7 +23,8 @@ K = AxisKind
 class OptOp(enum.Enum):
   UPCAST = "upcast"    # split off `arg` indices of an output or reduction axis, expanded in registers
   UNROLL = "unroll"    # split off `arg` indices of a reduction axis, unrolled in order into one accumulator
-  LOCAL = "local"      # split off `arg` indices of a GLOBAL axis as a work-group dimension
+  LOCAL = "local"      # split off `arg` indices of a GLOBAL axis as a work-group dimension (of a LOOP axis: the
+                       # loop shared by the work-group, GROUP_LOOP)
   GROUP = "group"      # split off `arg` indices of a reduction axis, reduced by a work-group in local memory
   SWAP = "swap"        # exchange the axis with axis `arg` (same kind): loop order, or which index runs fastest
   PADTO = "padto"      # round the axis's size up to a multiple of `arg`; the extra indices compute nothing
@@ -117,11 +118,32 @@ def _registers_ok(k: Kernel, opt: Opt, caps: Caps) -> Kernel:
 
 def _local(k, opt, a, caps):
   _need(caps.has_local, opt, k, "the device has no work-groups")
-  _need(a.kind is K.GLOBAL, opt, k, f"only a global axis becomes local, this one is {a.kind.value}")
+  _need(a.kind in (K.GLOBAL, K.LOOP), opt, k, f"only a global or loop axis becomes local, this one is {a.kind.value}")
   _check_split(k, opt, a)
-  size = (k.local_size or (1,))[0] * opt.arg
+  if a.kind is K.LOOP:   # the loop shared by the work-group: each item takes every arg-th index
+    _shared_ok(k, opt, caps)
+    grouped = [r for r in _reduces(k) if any(x.kind is K.GROUP_REDUCE and x.var in r.loops for x in k.axes)]
+    deps = dependencies([st.value for st in k.stores])
+    _need(not any(a.var in deps[id(r)] for r in grouped), opt, k,
+          "a grouped reduction depends on the loop: its work items would reduce different rows")
+    return _split(k, opt.axis, opt.arg, K.GROUP_LOOP)
+  size = _local_items(k) * max(k.shared_size, 1) * opt.arg
   _need(size <= caps.max_local, opt, k, f"a work-group of {size} exceeds the device's {caps.max_local}")
   return _split(k, opt.axis, opt.arg, K.LOCAL)
+
+
+def _local_items(k: Kernel) -> int:
+  n = 1
+  for x in k.of_kind(K.LOCAL): n *= x.size
+  return n
+
+
+def _shared_ok(k: Kernel, opt: Opt, caps: Caps) -> None:
+  """A GROUP or a LOCAL of a loop adds to the work-group's shared axis: one size for all of them."""
+  g = k.shared_size
+  _need(g in (0, opt.arg), opt, k, f"the work-group's shared axis has {g} items: every grouped axis has that size")
+  size = _local_items(k) * opt.arg
+  _need(size <= caps.max_local, opt, k, f"a work-group of {size} exceeds the device's {caps.max_local}")
 
 
 def _loop(k, opt, a, caps):
@@ -133,16 +155,22 @@ def _loop(k, opt, a, caps):
 def _group(k, opt, a, caps):
   _need(caps.has_local, opt, k, "the device has no work-groups (local memory)")
   _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis is grouped, this one is {a.kind.value}")
-  _need(not k.of_kind(K.GROUP_REDUCE), opt, k, "one grouped reduction axis per kernel")
   _check_split(k, opt, a)
-  owners = [r for r in _reduces(k) if a.var in r.loops]
+  reds = _reduces(k)
+  owners = [r for r in reds if a.var in r.loops]
   _need(len(owners) == 1, opt, k, "the axis must belong to exactly one reduction")
-  # the partial results of a work-group meet in local memory: the reduction must be the kernel's only one,
-  # over every work item of the group, and nothing else may vary across the group
-  _need(len(_reduces(k)) == 1, opt, k, "a grouped reduction must be the kernel's only reduction")
-  size = (k.local_size or (1,))[0] * opt.arg
-  _need(size <= caps.max_local, opt, k, f"a work-group of {size} exceeds the device's {caps.max_local}")
-  _need(size * owners[0].dtype.itemsize <= caps.local_bytes, opt, k, "the partial results exceed local memory")
+  grouped = {x.var for x in k.of_kind(K.GROUP_REDUCE)}
+  _need(not grouped & set(owners[0].loops), opt, k, "the reduction has a grouped axis already")
+  # the partial results of a work-group meet in local memory: every item of the group must reduce the same values
+  # (a reduction that depends on a loop the group shares would mix rows)
+  deps = dependencies([st.value for st in k.stores])
+  _need(not deps[id(owners[0])] & {x.var for x in k.of_kind(*SHARED_KINDS)}, opt, k,
+        "the reduction depends on an axis the work-group shares")
+  _need(not any(a.var in deps[id(r)] for r in reds if grouped & set(r.loops)), opt, k,
+        "a grouped reduction depends on the axis: its work items would reduce different values")
+  _shared_ok(k, opt, caps)
+  nbytes = sum(r.dtype.itemsize for r in reds if grouped & set(r.loops)) + owners[0].dtype.itemsize
+  _need(_local_items(k) * opt.arg * nbytes <= caps.local_bytes, opt, k, "the partial results exceed local memory")
   return _split(k, opt.axis, opt.arg, K.GROUP_REDUCE)
 
 

@@ -23,6 +23,8 @@ K = AxisKind
 MIN_PARALLEL = 64
 # partial accumulators of a reduction whose innermost axis divides evenly
 REDUCE_LANES = 8
+# vector accumulators of a reduction of vector values (each the machine's native vector width)
+VECTOR_ACCUMULATORS = 4
 # the register tile: OUT_LANES columns (candidates, the first dividing the columns wins; 32 measured far slower
 # with gcc's SLP) by ROW_LANES rows
 OUT_LANES = (16,)
@@ -174,7 +176,17 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
   for r in reduces:
     last = r.loops[-1]
     size = last.hi + 1
-    if size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES:
+    # a sum of vector ops: one vector register of lanes per accumulator, and a few accumulators (an add's latency
+    # hides behind the others'); anything else keeps REDUCE_LANES scalar accumulators
+    w = caps.native_lanes if caps.native_lanes in caps.vector_widths else 0
+    kv = _in_vectors(k, last, w, caps) if w and size % (w * VECTOR_ACCUMULATORS) == 0 and \
+        size >= 4 * w * VECTOR_ACCUMULATORS and len(reduces) == 1 else None
+    if kv is not None:
+      i = k.axis_index(last)
+      k = kv
+      opts.append(kv.opts[-1])
+      do(OptOp.UPCAST, k.axes[i].var, VECTOR_ACCUMULATORS)   # the outer part of the split, in the axis's place
+    elif size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES:
       do(OptOp.UPCAST, last, REDUCE_LANES)
   return opts
 
@@ -218,6 +230,9 @@ def _in_vectors(k: Kernel, var, width: int, caps: Caps) -> Kernel | None:
 # ---- GPUs (caps.has_local and not prefers_blocking): work-groups -----------------------------------------------
 # work items per work-group of an elementwise kernel, and of a reduction shared by a work-group
 GROUP_SIZE = 256
+# the fewest work items that share a kernel's reductions and output loops (the schedule keeps such a fused kernel
+# only when its reductions' lengths have a power-of-two factor this large)
+GROUP_MIN = 16
 # a matmul's work-group: MM_LOCAL x MM_LOCAL work items, each a MM_TILE x MM_TILE register tile (columns in a vector)
 MM_LOCAL, MM_TILE = 16, 4
 
@@ -257,10 +272,20 @@ def _work_groups(k: Kernel, caps: Caps) -> list:
         do(OptOp.LOCAL, ro, MM_LOCAL)
         do(OptOp.LOCAL, co, MM_LOCAL)
       return opts
-  if len(reduces) == 1 and reduces[0].loops:
-    last = reduces[0].loops[-1]
-    g = _pow2_divisor(last.hi + 1, most, 16)
-    if g and do(OptOp.GROUP, last, g) is not None: return opts
+  if reduces and all(r.loops for r in reduces):
+    # every reduction shared by the work-group, and the output loops after them (softmax, layernorm: one group per
+    # row, the row read by neighbouring items, its statistics through local memory, its outputs by every item)
+    loops = [a.var for a in k.of_kind(K.LOOP)]
+    g = most
+    for n in [r.loops[-1].hi + 1 for r in reduces] + [v.hi + 1 for v in loops]: g = _pow2_divisor(n, g)
+    if g >= GROUP_MIN:
+      k0, n0 = k, len(opts)
+      if all(do(OptOp.GROUP, r.loops[-1], g) is not None for r in reduces) and \
+         all(do(OptOp.LOCAL, v, g) is not None for v in loops): return opts
+      k, opts[n0:] = k0, []
+    if len(reduces) == 1:   # the reduction alone (its outputs' loops run in every item, the first stores)
+      g = _pow2_divisor(reduces[0].loops[-1].hi + 1, most, GROUP_MIN)
+      if g and do(OptOp.GROUP, reduces[0].loops[-1], g) is not None: return opts
   g = last_global()
   if g is None: return opts
   if not reduces:   # elementwise: a vector of 4 per work item where every value is a vector op
