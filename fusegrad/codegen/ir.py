@@ -137,11 +137,20 @@ class Reduce(Val):
                          # iteration (an UNROLL axis expanded: the same order as the loop it replaces)
 
 
+def tree_top(n: int) -> int:
+  """The first step of a tree fold of n values: half the power of two at or above n."""
+  p = 1
+  while p < n: p *= 2
+  return p // 2
+
+
 @dataclass(frozen=True, eq=True)
 class GroupReduce(Val):
   """The reduction of every work item's partial `src` over one axis of its work-group (GROUP_REDUCE, made by
   codegen/passes.group): each item writes its partial into local memory at `mine`, the group meets at a
-  barrier, and each item folds the slots `slots` (its own position with the grouped axis at each index)."""
+  barrier, and the slots `slots` (its own position with the grouped axis at each index) fold as a tree: for
+  s = tree_top(len(slots)), s / 2, ..., 1, slot i folds slot i + s into itself (i < s, i + s < len(slots));
+  the result is the first slot. log2 steps, each a barrier, instead of every item reading every slot."""
   op: str
   dtype: DType
   src: Val

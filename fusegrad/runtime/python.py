@@ -10,7 +10,7 @@ from fusegrad import dtype as dt
 from fusegrad.graph import ops, symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
-from fusegrad.codegen.ir import Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Vectorize, Gep, VecDType
+from fusegrad.codegen.ir import tree_top, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Vectorize, Gep, VecDType
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen import passes
@@ -146,10 +146,13 @@ class Interpreter:
       part = np.broadcast_to(np.asarray(a[0]), (n,))
       base = np.arange(n) - np.broadcast_to(sym.evaluate(v.mine, env), (n,))
       fn = (_BOOL_FOLD if v.dtype.is_bool else {}).get(v.op, _FOLD[v.op])
-      out = part[base + np.broadcast_to(sym.evaluate(v.slots[0], env), (n,))]
+      vals = [part[base + np.broadcast_to(sym.evaluate(sl, env), (n,))] for sl in v.slots]
+      s = tree_top(len(vals))
       with np.errstate(all="ignore"):
-        for sl in v.slots[1:]: out = fn(out, part[base + np.broadcast_to(sym.evaluate(sl, env), (n,))])
-      return out.astype(_reg(v.dtype), copy=False)
+        while s > 0:   # ir.GroupReduce's tree: slot i folds slot i + s
+          for i in range(min(s, len(vals) - s)): vals[i] = fn(vals[i], vals[i + s])
+          s //= 2
+      return vals[0].astype(_reg(v.dtype), copy=False)
     if isinstance(v, Alu):
       if v.op == "CAST": return _cast(a[0], v.dtype)
       info = ops.ALU[v.op]

@@ -11,7 +11,7 @@ import math
 from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
-from fusegrad.codegen.ir import Kernel, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Reduce, Vectorize, Gep, VecDType
+from fusegrad.codegen.ir import tree_top, Kernel, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Reduce, Vectorize, Gep, VecDType
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 
@@ -190,13 +190,23 @@ class CStyleRenderer:
     w.out(f"{self.reg_type(st.val.dtype)} {st.name} = {self.value(st.val, list(st.args))};")
 
   def _group_reduce(self, st: Let, w: "_Walk") -> None:
-    """Partials through local memory: write mine, meet, fold every slot, meet again (the buffer is reused)."""
+    """Partials through local memory, folded as a tree (ir.GroupReduce's order): write mine and meet; then at each
+    halving step s the items below s fold the slot s above theirs into their own, and meet; every item reads the
+    first slot, and the group meets again (the buffer is reused)."""
     v, buf = st.val, f"{st.name}_l"
-    w.out(f"{buf}[{self.idx(v.mine)}] = {st.args[0]};")
+    g = len(v.slots)
+    mine, first = self.idx(v.mine), self.idx(v.slots[0])
+    w.out(f"{buf}[{mine}] = {st.args[0]};")
     w.out(self.barrier)
-    w.out(f"{self.reg_type(v.dtype)} {st.name} = {buf}[{self.idx(v.slots[0])}];")
-    for sl in v.slots[1:]:
-      w.out(self.update(Reduce(v.op, v.dtype, (), v.src), st.name, f"{buf}[{self.idx(sl)}]"))
+    if g > 1:
+      t, it = f"{st.name}_t", self.index_type_of(w.k)
+      w.out(f"{it} {t} = ({mine}) - ({first});")
+      w.out(f"for ({it} {st.name}_s = {tree_top(g)}; {st.name}_s > 0; {st.name}_s >>= 1) {{")
+      w.out(f"  if ({t} < {st.name}_s && {t} + {st.name}_s < {g}) "
+            + self.update(Reduce(v.op, v.dtype, (), v.src), f"{buf}[{mine}]", f"{buf}[{mine} + {st.name}_s]"))
+      w.out(f"  {self.barrier}")
+      w.out("}")
+    w.out(f"{self.reg_type(v.dtype)} {st.name} = {buf}[{first}];")
     w.out(self.barrier)
 
   def local_buffers(self, listing: list) -> list[str]:
