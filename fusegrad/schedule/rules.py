@@ -58,7 +58,9 @@ DEVICE_PARAMS: dict[str, Params] = {"CPU": Params(), "OPENCL": Params(), "PYTHON
 DEFAULT = Params()
 
 
-GPU = Params(store_broadcast_reductions=True)
+# a GPU wants more partial results of a split reduction than a CPU's threads: 4096 work-groups balance over its
+# compute units (H100, sum of 2^28: 0.46 ms per call with 4096 parts, 0.55 with 1024, 0.59 with 16384)
+GPU = Params(store_broadcast_reductions=True, split_parts_log2=(6, 12))
 
 
 def params(device: str) -> Params:
