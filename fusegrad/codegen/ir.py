@@ -22,6 +22,8 @@ class AxisKind(enum.Enum):
   REDUCE = "reduce"              # a reduction's sequential loop
   GROUP_REDUCE = "group_reduce"  # a reduction shared by the work items of a work-group (local memory)
   GROUP_LOOP = "group_loop"      # a loop over outputs shared by the work items of a work-group (each takes its own)
+  STAGE = "stage"                # a reduction's loop over a tile of its operands that the work-group first copies
+                                 # into local memory (codegen/passes.stage), once per iteration of the loops outside
   UPCAST = "upcast"              # expanded in registers: one value (vector lane) per index
   UNROLL = "unroll"              # a reduction's loop expanded in registers, updates in order
 
@@ -161,6 +163,44 @@ class GroupReduce(Val):
 
 
 @dataclass(frozen=True, eq=True)
+class Stage(Val):
+  """A tile of a buffer copied into the work-group's local memory (made by codegen/passes.stage): every work item
+  of the group copies some of the copy steps 0 .. size-1; step j stands for the copy variables `over` (fresh
+  variables, the first outermost: neighbouring steps read neighbouring addresses) at their mixed-radix digits of j,
+  and stores buf[idx] (0 where not valid) at the local position of those variables in `layout` order (neighbouring
+  items read neighbouring positions). The group meets at a barrier before the copy (the last tile's readers are
+  done) and after it."""
+  buf: int
+  idx: sym.Lin           # over `over`, the kernel's global axes and the loops outside the tile
+  valid: sym.Cond
+  over: tuple            # tuple[sym.Var]: the copy's variables, outermost first
+  dtype: DType
+  layout: tuple = ()     # the same variables in the order of the local position (outermost first; () = `over`)
+
+  def position(self, env: dict | None = None) -> sym.Lin:
+    """The local position of the value at the copy variables (or at env's expressions for them)."""
+    pos, stride = sym.const(0), 1
+    for x in reversed(self.layout or self.over):
+      pos = pos + (env[x] if env else sym.lin(x)) * stride
+      stride *= x.hi + 1
+    return pos
+
+  @property
+  def size(self) -> int:
+    n = 1
+    for v in self.over: n *= v.hi + 1
+    return n
+
+
+@dataclass(frozen=True, eq=True)
+class LocalLoad(Val):
+  """A read of a Stage's local copy at position idx."""
+  src: Stage
+  idx: sym.Lin
+  dtype: DType
+
+
+@dataclass(frozen=True, eq=True)
 class Vectorize(Val):
   """A vector made of scalar values, one per lane (all the same one: a broadcast)."""
   src: tuple
@@ -269,7 +309,7 @@ def children(v: Val) -> tuple:
   if isinstance(v, (Alu, Vectorize)): return v.src
   if isinstance(v, Gep): return (v.src,)
   if isinstance(v, Reduce): return (v.src,) + v.more
-  if isinstance(v, (Gather, GroupReduce)): return (v.src,)
+  if isinstance(v, (Gather, GroupReduce, LocalLoad)): return (v.src,)
   return ()
 
 
@@ -301,6 +341,8 @@ def dependencies(roots) -> dict:
     if isinstance(v, (Load, Index)): d = axis_variables(v.idx) | v.valid.variables()
     elif isinstance(v, Valid): d = v.cond.variables()
     elif isinstance(v, (Const, Param)): d = set()
+    elif isinstance(v, Stage): d = (axis_variables(v.idx) | v.valid.variables()) - set(v.over)
+    elif isinstance(v, LocalLoad): d = axis_variables(v.idx) | deps[id(v.src)]
     elif isinstance(v, Reduce):
       d = set()
       for c in children(v): d |= deps[id(c)]
@@ -329,6 +371,9 @@ def substitute(roots, env: dict, loops: dict | None = None) -> list:
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, sub(v.src), v.dtype)
     elif isinstance(v, Vectorize): r = Vectorize(tuple(sub(c) for c in v.src), v.dtype)
     elif isinstance(v, Gep): r = Gep(sub(v.src), v.lane, v.dtype)
+    elif isinstance(v, Stage):
+      r = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.over, v.dtype, v.layout)
+    elif isinstance(v, LocalLoad): r = LocalLoad(sub(v.src), sym.substitute(v.idx, env), v.dtype)
     elif isinstance(v, GroupReduce):
       r = GroupReduce(v.op, v.dtype, sub(v.src), v.var, sym.substitute(v.mine, env),
                       tuple(sym.substitute(x, env) for x in v.slots), v.size)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from fusegrad.graph import symbolic as sym
-from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Val, VecDType, children, dependencies, toposort
+from fusegrad.codegen.ir import (Kernel, AxisKind, Reduce, LocalLoad, Val, VecDType, children, dependencies, toposort,
+                                 axis_variables)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ def linearize(k: Kernel) -> list:
   for v in vals:
     if isinstance(v, Reduce): path[id(v)] = group_path(v)
     else:
-      own = deps[id(v)] if not children(v) else ()
+      # a value's own index variables (a leaf's all; a read of a local tile's, beside its tile's scope)
+      own = deps[id(v)] if not children(v) else axis_variables(v.idx) if isinstance(v, LocalLoad) else ()
       path[id(v)] = longest([var_path(x) for x in own] + [path[id(c)] for c in children(v)])
   # every statement in its scope's block; a block's items are statements and inner loops (by their variable)
   stmts: list = []

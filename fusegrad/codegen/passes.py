@@ -14,8 +14,9 @@ import itertools
 from dataclasses import replace
 from fusegrad.graph import symbolic as sym
 from fusegrad import dtype as dt
-from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, SHARED_KINDS, Val, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store,
-                                 Vectorize, Gep, VecDType, vec, children, dependencies, toposort, substitute_kernel)
+from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, SHARED_KINDS, Val, Stage, LocalLoad, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store,
+                                 Vectorize, Gep, VecDType, vec, children, dependencies, toposort, substitute_kernel,
+                                 axis_variables)
 
 K = AxisKind
 # how the partial accumulators of an upcast reduction axis combine
@@ -45,6 +46,7 @@ def expand(k: Kernel, caps=None) -> Kernel:
     elif isinstance(v, Valid): r = Valid(v.cond.substitute(senv), v.dtype)
     elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(at(c, env) for c in v.src))
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, at(v.src, env), v.dtype)
+    elif isinstance(v, LocalLoad): r = LocalLoad(v.src, sym.substitute(v.idx, senv), v.dtype)
     elif isinstance(v, Reduce): r = _expand_reduce(v, env)
     else: r = v
     memo[key] = r
@@ -198,6 +200,58 @@ def _vectorize(stores: list, u: sym.Var) -> list:
       for i, e in enumerate(at):
         out.append(Store(st.buf, sym.substitute(st.idx, e), lane(val, i), st.valid.substitute(e)))
   return out
+
+
+def stage(k: Kernel) -> Kernel:
+  """A STAGE axis s (a reduction's inner loop over a tile): every load inside the reductions over s that depends
+  on s and on a LOCAL axis, and otherwise only on the work-group's own indices (GLOBAL axes, the loops outside the
+  tile), reads a local copy of its tile instead (ir.Stage, ir.LocalLoad): the tile holds its values at all indices
+  of the LOCAL, register and s axes it depends on, copied in the order of their strides in memory (neighbouring
+  items of the copy read neighbouring addresses) and laid out with the LOCAL axes innermost (neighbouring items
+  of the computation read neighbouring positions: no bank conflicts). Each work item reads a value the group copied once, not its own global
+  load (a matmul's rows and columns are read by many items of a group)."""
+  st = k.of_kind(K.STAGE)
+  if not st: return k
+  s = st[0].var
+  kinds = {a.var: a.kind for a in k.axes}
+  copyable = {v for v, kd in kinds.items() if kd in (K.LOCAL, K.UPCAST, K.UNROLL)} | {s}
+  local = {v for v, kd in kinds.items() if kd is K.LOCAL}
+  fixed = {v for v, kd in kinds.items() if kd is K.GLOBAL}
+  for r in toposort([x.value for x in k.stores]):
+    if isinstance(r, Reduce) and s in r.loops: fixed |= set(r.loops[:r.loops.index(s)])
+  stages: dict = {}
+  memo: dict = {}
+  def staged(v: Load):
+    vs = axis_variables(v.idx) | v.valid.variables()
+    if s not in vs or not vs & local or not vs <= copyable | fixed: return v
+    terms = dict(sym.lin(v.idx).terms)
+    over = sorted(vs & copyable, key=lambda x: -(terms.get(x) or 0))
+    layout = [x for x in over if x not in local] + [x for x in over if x in local]
+    fresh = {x: sym.Var(f"c{x.name}", 0, x.hi) for x in over}
+    env = {x: sym.lin(y) for x, y in fresh.items()}
+    t = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), tuple(fresh[x] for x in over), v.dtype,
+              tuple(fresh[x] for x in layout))
+    t = stages.setdefault(t, t)
+    return LocalLoad(t, t.position({fresh[x]: sym.lin(x) for x in over}), v.dtype)
+  def rw(v, inside: bool):
+    key = (id(v), inside)
+    r = memo.get(key)
+    if r is not None: return r
+    if isinstance(v, Load): r = staged(v) if inside else v
+    elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(rw(c, inside) for c in v.src))
+    elif isinstance(v, Gather): r = Gather(v.buf, v.size, rw(v.src, inside), v.dtype)
+    elif isinstance(v, Reduce):
+      ins = inside or s in v.loops
+      r = Reduce(v.op, v.dtype, v.loops, rw(v.src, ins), tuple(rw(c, ins) for c in v.more))
+    else: r = v
+    memo[key] = r
+    return r
+  return replace(k, stores=tuple(Store(x.buf, x.idx, rw(x.value, False), x.valid) for x in k.stores))
+
+
+def stages(k: Kernel) -> list:
+  """The local copies a kernel's values read (after `stage`)."""
+  return [v for v in toposort([st.value for st in k.stores]) if isinstance(v, Stage)]
 
 
 def group(k: Kernel) -> Kernel:

@@ -10,7 +10,7 @@ from fusegrad import dtype as dt
 from fusegrad.graph import ops, symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
-from fusegrad.codegen.ir import tree_top, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Vectorize, Gep, VecDType
+from fusegrad.codegen.ir import tree_top, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Vectorize, Gep, VecDType
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen import passes
@@ -142,6 +142,25 @@ class Interpreter:
       x = bufs[v.buf][np.where(ok, pos, 0)] if v.size else np.zeros(pos.shape, bufs[v.buf].dtype)
       if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
       return np.where(ok, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
+    if isinstance(v, Stage):   # every item holds its group's tile: [items, positions]
+      j = np.arange(v.size)
+      tenv = {x: (np.asarray(y)[:, None] if np.ndim(y) == 1 else y) for x, y in env.items() if isinstance(x, sym.Var)}
+      stride = 1
+      for x in reversed(v.over):
+        tenv[x] = ((j // stride) % (x.hi + 1))[None, :]
+        stride *= x.hi + 1
+      idx = np.broadcast_to(np.asarray(sym.evaluate(v.idx, tenv)), (n, v.size))
+      ok = np.broadcast_to(np.asarray(sym.evaluate_cond(v.valid, tenv)), (n, v.size))
+      b = bufs[v.buf]
+      x = b[np.where(ok, idx, 0)] if b.size else np.zeros((n, v.size), b.dtype)
+      if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
+      out = np.empty((n, v.size), _reg(v.dtype))
+      out[:, np.broadcast_to(np.asarray(sym.evaluate(v.position(), tenv)), (1, v.size))[0]] = \
+          np.where(ok, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
+      return out
+    if isinstance(v, LocalLoad):
+      pos = np.broadcast_to(np.asarray(sym.evaluate(v.idx, env)), (n,))
+      return a[0][np.arange(n), pos]
     if isinstance(v, GroupReduce):   # the launch is every work item at once: a group's items are neighbours
       part = np.broadcast_to(np.asarray(a[0]), (n,))
       base = np.arange(n) - np.broadcast_to(sym.evaluate(v.mine, env), (n,))

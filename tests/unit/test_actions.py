@@ -133,6 +133,8 @@ def _has_opencl() -> bool:
   ("matmul", (Opt(OptOp.LOCAL, 1, 16), Opt(OptOp.LOCAL, 0, 4), Opt(OptOp.UPCAST, 0, 2))),
   ("int_sum", (Opt(OptOp.GROUP, 1, 32),)),
   ("softmax_wide", None),
+  ("matmul_gpu", None),
+  ("bmm", (Opt(OptOp.LOCAL, 1, 4), Opt(OptOp.LOCAL, 3, 8), Opt(OptOp.STAGE, 5, 4))),
   ("layernorm_wide", None),
 ])
 def test_work_groups_on_opencl(name, opts, rng):
@@ -141,7 +143,8 @@ def test_work_groups_on_opencl(name, opts, rng):
   want = run(item, (), "OPENCL")
   if opts is None: opts = tuple(heuristic.hand_coded(item.kernel, GPU))   # the GPU's defaults
   c = rd.get("OPENCL").compile_with(item.kernel, opts)
-  assert c.kernel.local_size is not None and "barrier" in c.source if any(o.op is OptOp.GROUP for o in opts) else True
+  assert c.kernel.local_size is not None and "barrier" in c.source if any(o.op in (OptOp.GROUP, OptOp.STAGE)
+                                                                          for o in opts) else True
   _close(run(item, opts, "OPENCL"), want)
 
 
@@ -154,7 +157,7 @@ def test_gpu_heuristic_keeps_the_result(name, rng):
   item = one_kernel(make(name, rng))
   opts = heuristic.hand_coded(item.kernel, GPU)
   kinds = {a.kind for a in apply_opts(item.kernel, opts, GPU).axes}
-  if name == "matmul_gpu": assert AxisKind.LOCAL in kinds and AxisKind.UPCAST in kinds
+  if name == "matmul_gpu": assert {AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.STAGE} <= kinds
   if name in ("sum_rows", "sum_all", "max_rows"): assert AxisKind.GROUP_REDUCE in kinds
   if name == "elementwise_big": assert AxisKind.LOCAL in kinds
   if name in ("softmax_wide", "layernorm_wide"):   # one work-group per row: its reductions, then its outputs

@@ -29,6 +29,7 @@ class OptOp(enum.Enum):
   SWAP = "swap"        # exchange the axis with axis `arg` (same kind): loop order, or which index runs fastest
   PADTO = "padto"      # round the axis's size up to a multiple of `arg`; the extra indices compute nothing
   LOOP = "loop"        # split off `arg` indices of a GLOBAL axis as a sequential loop inside each work item
+  STAGE = "stage"      # split off `arg` indices of a reduction axis as a tile the work-group copies to local memory
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,21 @@ def _loop(k, opt, a, caps):
   return _split(k, opt.axis, opt.arg, K.LOOP)
 
 
+def _stage(k, opt, a, caps):
+  from fusegrad.codegen import passes
+  _need(caps.has_local, opt, k, "the device has no work-groups (local memory)")
+  _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis is staged, this one is {a.kind.value}")
+  _need(bool(k.of_kind(K.LOCAL)), opt, k, "no work-group axes: no items to share a copy")
+  _need(not k.of_kind(K.STAGE), opt, k, "one staged axis per kernel")
+  _check_split(k, opt, a)
+  out = _split(k, opt.axis, opt.arg, K.STAGE)
+  tiles = passes.stages(passes.stage(out))
+  _need(bool(tiles), opt, k, "no load of the reduction reads a tile shared by the work-group")
+  nbytes = sum(t.size * t.dtype.itemsize for t in tiles)
+  _need(nbytes <= caps.local_bytes, opt, k, f"the tiles' {nbytes} bytes exceed the device's {caps.local_bytes}")
+  return out
+
+
 def _group(k, opt, a, caps):
   _need(caps.has_local, opt, k, "the device has no work-groups (local memory)")
   _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis is grouped, this one is {a.kind.value}")
@@ -235,4 +251,4 @@ def _reduces(k: Kernel) -> list:
 
 
 _APPLY = {OptOp.UPCAST: _upcast, OptOp.UNROLL: _unroll, OptOp.LOCAL: _local, OptOp.GROUP: _group, OptOp.SWAP: _swap,
-          OptOp.PADTO: _padto, OptOp.LOOP: _loop}
+          OptOp.PADTO: _padto, OptOp.LOOP: _loop, OptOp.STAGE: _stage}

@@ -236,6 +236,9 @@ GROUP_MIN = 16
 # a matmul's work-group: MM_LOCAL x MM_LOCAL work items, each a t x t register tile (columns in a vector), t the first
 # of MM_TILES whose block divides the matrix (H100, f32 4096^3 through OpenCL: t=8 18.8 TFLOP/s, 4 13.0, 2 10.1)
 MM_LOCAL, MM_TILES = 16, (8, 4)
+# the reduction's tile a matmul's work-group copies to local memory per step (0: none; H100 f32 4096^3: 16 or 32
+# 21.1-21.3 TFLOP/s, 8 19.4, none 19.5)
+MM_STAGE = 16
 
 
 def _pow2_divisor(n: int, most: int, least: int = 1) -> int:
@@ -273,6 +276,9 @@ def _work_groups(k: Kernel, caps: Caps) -> list:
       if co is not None and ro is not None:
         do(OptOp.LOCAL, ro, MM_LOCAL)
         do(OptOp.LOCAL, co, MM_LOCAL)
+        # the group's rows and columns of the operands through local memory, a tile of the reduction at a time
+        red = next((a.var for a in k.of_kind(K.REDUCE) if MM_STAGE and a.size % MM_STAGE == 0), None)
+        if red is not None: do(OptOp.STAGE, red, MM_STAGE)
       return opts
   if reduces and all(r.loops for r in reduces):
     # every reduction shared by the work-group, and the output loops after them (softmax, layernorm: one group per

@@ -46,6 +46,7 @@ UPCAST_AMOUNTS = (2, 3, 4, 8, 16)
 UNROLL_AMOUNTS = (2, 3, 4, 8)
 LOCAL_AMOUNTS = (2, 4, 8, 16, 32, 64, 128, 256)
 GROUP_AMOUNTS = (8, 16, 32, 64, 128, 256)
+STAGE_AMOUNTS = (8, 16, 32)
 PAD_MULTIPLES = (4, 8, 16, 32)
 # devices whose compiler runs outside the interpreter (a subprocess): candidates compile on all cores at once
 PARALLEL_COMPILE = frozenset({"CPU"})
@@ -92,10 +93,12 @@ def candidate_actions(k: Kernel, caps) -> list:
       for n in UPCAST_AMOUNTS: add(Opt(OptOp.UPCAST, i, n))
     if a.kind is K.REDUCE:
       for n in UNROLL_AMOUNTS: add(Opt(OptOp.UNROLL, i, n))
-    if caps.has_local and a.kind is K.GLOBAL:
+    if caps.has_local and a.kind in (K.GLOBAL, K.LOOP):
       for n in LOCAL_AMOUNTS: add(Opt(OptOp.LOCAL, i, n))
     if caps.has_local and a.kind is K.REDUCE:
       for n in GROUP_AMOUNTS: add(Opt(OptOp.GROUP, i, n))
+      for n in STAGE_AMOUNTS: add(Opt(OptOp.STAGE, i, n))
+    if a.kind is K.GLOBAL and not caps.has_local: add(Opt(OptOp.LOOP, i, a.size))
     for j in range(i + 1, len(k.axes)):
       if k.axes[j].kind is a.kind: add(Opt(OptOp.SWAP, i, j))
     # padding pays only where it lets an amount divide the axis

@@ -11,7 +11,7 @@ import math
 from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
-from fusegrad.codegen.ir import tree_top, Kernel, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Reduce, Vectorize, Gep, VecDType
+from fusegrad.codegen.ir import tree_top, Kernel, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Reduce, Vectorize, Gep, VecDType
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 
@@ -151,6 +151,7 @@ class CStyleRenderer:
       ld = self.vload(v.buf, self.idx(v.idx), v.dtype) if isinstance(v.dtype, VecDType) else \
           self.load(v.buf, self.idx(v.idx), v.dtype)
       return ld if v.valid.is_true else f"({self.cond(v.valid)}?{ld}:{self.literal(0, v.dtype)})"
+    if isinstance(v, LocalLoad): return f"{a[0]}_l[{self.idx(v.idx)}]"
     if isinstance(v, Vectorize): return self.vmake(v.dtype, a)
     if isinstance(v, Gep): return self.gep(a[0], v.lane)
     if isinstance(v, Const): return self.literal(v.value, v.dtype)
@@ -187,6 +188,7 @@ class CStyleRenderer:
 
   def _let(self, st: Let, w: "_Walk") -> None:
     if isinstance(st.val, GroupReduce): return self._group_reduce(st, w)
+    if isinstance(st.val, Stage): return self._stage(st, w)
     w.out(f"{self.reg_type(st.val.dtype)} {st.name} = {self.value(st.val, list(st.args))};")
 
   def _group_reduce(self, st: Let, w: "_Walk") -> None:
@@ -209,10 +211,28 @@ class CStyleRenderer:
     w.out(f"{self.reg_type(v.dtype)} {st.name} = {buf}[{first}];")
     w.out(self.barrier)
 
+  def _stage(self, st: Let, w: "_Walk") -> None:
+    """A tile into local memory (ir.Stage): meet (the last tile's readers are done), every item copies the
+    positions lidx, lidx + local size, ..., meet."""
+    v, it = st.val, self.index_type_of(w.k)
+    j = sym.Var(f"{st.name}_j", 0, v.size - 1)
+    env, stride = {}, 1
+    for x in reversed(v.over):
+      q = sym.div(sym.lin(j), stride)
+      env[x] = q if x is v.over[0] else sym.mod(q, x.hi + 1)
+      stride *= x.hi + 1
+    idx, valid = sym.substitute(v.idx, env), v.valid.substitute(env)
+    ld = self.load(v.buf, self.idx(idx), v.dtype)
+    if not valid.is_true: ld = f"({self.cond(valid)}?{ld}:{self.literal(0, v.dtype)})"
+    w.out(self.barrier)
+    w.out(f"for ({it} {j.name} = lidx; {j.name} < {v.size}; {j.name} += {w.k.local_size[0]}) "
+          f"{st.name}_l[{self.idx(v.position(env))}] = {ld};")
+    w.out(self.barrier)
+
   def local_buffers(self, listing: list) -> list[str]:
-    """Declarations of the local buffers of the listing's group reductions (at the kernel's top scope)."""
+    """Declarations of the local buffers of the listing's group reductions and tiles (at the kernel's top scope)."""
     return [f"  __local {self.reg_type(st.val.dtype)} {st.name}_l[{st.val.size}];" for st in listing
-            if isinstance(st, Let) and isinstance(st.val, GroupReduce)]
+            if isinstance(st, Let) and isinstance(st.val, (GroupReduce, Stage))]
 
   def _acc(self, st: Acc, w: "_Walk") -> None:
     r = st.reduce
