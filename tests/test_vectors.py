@@ -138,11 +138,16 @@ def test_heuristic_vectorizes_elementwise_and_big_matmul_packs(rng):
   item = one_kernel(a * b + a)
   opts = heuristic.hand_coded(item.kernel, rd.get("CPU").caps)
   assert [o.op for o in opts] == [OptOp.UPCAST] and opts[0].arg == 16
-  x, w = _t(rng, "CPU", 256, 256), _t(rng, "CPU", 256, 512)
+  x, w = _t(rng, "CPU", 1024, 128), _t(rng, "CPU", 128, 256)
   with fg.track() as tr:
     y = (x @ w).numpy()
   assert len(tr.kernels) == 2
   np.testing.assert_allclose(y, x.numpy() @ w.numpy(), rtol=1e-4, atol=1e-4)
+  # a batch of 256 rows does not repay the copy (tensor.PANEL_MIN_ROWS): one kernel
+  with fg.track() as tr:
+    y = (x[:256] @ w).numpy()
+  assert len(tr.kernels) == 1
+  np.testing.assert_allclose(y, x.numpy()[:256] @ w.numpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.float32])
