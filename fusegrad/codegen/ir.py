@@ -176,14 +176,30 @@ class Stage(Val):
   over: tuple            # tuple[sym.Var]: the copy's variables, outermost first
   dtype: DType
   layout: tuple = ()     # the same variables in the order of the local position (outermost first; () = `over`)
+  inner: int = 0         # the innermost `inner` variables of the layout form rows of the tile padded by one
+                         # position (a row of 32 banks' multiple would put a column's values in one bank)
+
+  def _strides(self) -> list:
+    out, stride = [], 1
+    lay = self.layout or self.over
+    for i, x in enumerate(reversed(lay)):
+      out.append(stride)
+      stride *= x.hi + 1
+      if i + 1 == self.inner and i + 1 < len(lay): stride += 1
+    return out[::-1]
 
   def position(self, env: dict | None = None) -> sym.Lin:
     """The local position of the value at the copy variables (or at env's expressions for them)."""
-    pos, stride = sym.const(0), 1
-    for x in reversed(self.layout or self.over):
-      pos = pos + (env[x] if env else sym.lin(x)) * stride
-      stride *= x.hi + 1
+    pos = sym.const(0)
+    for x, st in zip(self.layout or self.over, self._strides()):
+      pos = pos + (env[x] if env else sym.lin(x)) * st
     return pos
+
+  @property
+  def positions(self) -> int:
+    """The local buffer's length (the size and the rows' padding)."""
+    lay = self.layout or self.over
+    return self._strides()[0] * (lay[0].hi + 1) if lay else 1
 
   @property
   def size(self) -> int:
@@ -372,7 +388,7 @@ def substitute(roots, env: dict, loops: dict | None = None) -> list:
     elif isinstance(v, Vectorize): r = Vectorize(tuple(sub(c) for c in v.src), v.dtype)
     elif isinstance(v, Gep): r = Gep(sub(v.src), v.lane, v.dtype)
     elif isinstance(v, Stage):
-      r = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.over, v.dtype, v.layout)
+      r = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.over, v.dtype, v.layout, v.inner)
     elif isinstance(v, LocalLoad): r = LocalLoad(sub(v.src), sym.substitute(v.idx, env), v.dtype)
     elif isinstance(v, GroupReduce):
       r = GroupReduce(v.op, v.dtype, sub(v.src), v.var, sym.substitute(v.mine, env),

@@ -97,7 +97,7 @@ def vector_axis(k: Kernel, caps, deps: dict):
   cands = [a.var for a in k.axes if a.kind is K.UPCAST and a.size in widths]
   if not cands: return None
   vals = toposort([st.value for st in k.stores])
-  idxs = [x.idx for x in vals if isinstance(x, Load)] + [st.idx for st in k.stores]
+  idxs = [x.idx for x in vals if isinstance(x, (Load, LocalLoad))] + [st.idx for st in k.stores]
   u = max(reversed(cands), key=lambda c: sum(_stride(i, c) == 1 for i in idxs))
   on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
   reduces = [v for v in vals if isinstance(v, Reduce) and on_u(v)]
@@ -105,7 +105,7 @@ def vector_axis(k: Kernel, caps, deps: dict):
   for v in vals:
     if not on_u(v) or (reduces and id(v) not in inside): continue
     if v.dtype is not dt.float32: return None
-    ok = isinstance(v, Load) or (isinstance(v, Alu) and v.op in VECTOR_OPS) or \
+    ok = isinstance(v, (Load, LocalLoad)) or (isinstance(v, Alu) and v.op in VECTOR_OPS) or \
         (isinstance(v, Reduce) and v.op in VECTOR_REDUCES)
     if not ok: return None
   return u
@@ -162,6 +162,9 @@ def _vectorize(stores: list, u: sym.Var) -> list:
         r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)
       else:
         r = Vectorize(tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at), vd)
+    elif isinstance(v, LocalLoad):
+      if _stride(v.idx, u) == 1: r = LocalLoad(v.src, sym.substitute(v.idx, at[0]), vd)
+      else: r = Vectorize(tuple(LocalLoad(v.src, sym.substitute(v.idx, e), v.dtype) for e in at), vd)
     elif isinstance(v, Index): r = tuple(Index(sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
     elif isinstance(v, Valid): r = tuple(Valid(v.cond.substitute(e), v.dtype) for e in at)
     elif isinstance(v, Alu):
@@ -202,13 +205,18 @@ def _vectorize(stores: list, u: sym.Var) -> list:
   return out
 
 
+# pad a tile's rows whose length is a multiple of 32 banks (H100, f32 4096^3 matmul: 23.3 TFLOP/s padded, 21.9 not)
+STAGE_PAD = True
+
+
 def stage(k: Kernel) -> Kernel:
   """A STAGE axis s (a reduction's inner loop over a tile): every load inside the reductions over s that depends
   on s and on a LOCAL axis, and otherwise only on the work-group's own indices (GLOBAL axes, the loops outside the
   tile), reads a local copy of its tile instead (ir.Stage, ir.LocalLoad): the tile holds its values at all indices
   of the LOCAL, register and s axes it depends on, copied in the order of their strides in memory (neighbouring
   items of the copy read neighbouring addresses) and laid out with the LOCAL axes innermost (neighbouring items
-  of the computation read neighbouring positions: no bank conflicts). Each work item reads a value the group copied once, not its own global
+  read neighbouring positions; an item's register tile innermost instead, read as vectors, measured 20% slower),
+  in rows padded by one where a row is a multiple of 32 banks. Each work item reads a value the group copied once, not its own global
   load (a matmul's rows and columns are read by many items of a group)."""
   st = k.of_kind(K.STAGE)
   if not st: return k
@@ -226,11 +234,15 @@ def stage(k: Kernel) -> Kernel:
     if s not in vs or not vs & local or not vs <= copyable | fixed: return v
     terms = dict(sym.lin(v.idx).terms)
     over = sorted(vs & copyable, key=lambda x: -(terms.get(x) or 0))
+    regs = {x for x in over if kinds[x] in (K.UPCAST, K.UNROLL)}
     layout = [x for x in over if x not in local] + [x for x in over if x in local]
     fresh = {x: sym.Var(f"c{x.name}", 0, x.hi) for x in over}
     env = {x: sym.lin(y) for x, y in fresh.items()}
+    inner = sum(1 for x in over if x in local or x in regs)
+    row = 1
+    for x in layout[len(layout) - inner:]: row *= x.hi + 1
     t = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), tuple(fresh[x] for x in over), v.dtype,
-              tuple(fresh[x] for x in layout))
+              tuple(fresh[x] for x in layout), inner if row % 32 == 0 and STAGE_PAD else 0)
     t = stages.setdefault(t, t)
     return LocalLoad(t, t.position({fresh[x]: sym.lin(x) for x in over}), v.dtype)
   def rw(v, inside: bool):

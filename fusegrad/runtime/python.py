@@ -154,12 +154,13 @@ class Interpreter:
       b = bufs[v.buf]
       x = b[np.where(ok, idx, 0)] if b.size else np.zeros((n, v.size), b.dtype)
       if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
-      out = np.empty((n, v.size), _reg(v.dtype))
+      out = np.zeros((n, v.positions), _reg(v.dtype))
       out[:, np.broadcast_to(np.asarray(sym.evaluate(v.position(), tenv)), (1, v.size))[0]] = \
           np.where(ok, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
       return out
     if isinstance(v, LocalLoad):
       pos = np.broadcast_to(np.asarray(sym.evaluate(v.idx, env)), (n,))
+      if isinstance(v.dtype, VecDType): return a[0][np.arange(n)[:, None], pos[:, None] + np.arange(v.dtype.count)]
       return a[0][np.arange(n), pos]
     if isinstance(v, GroupReduce):   # the launch is every work item at once: a group's items are neighbours
       part = np.broadcast_to(np.asarray(a[0]), (n,))

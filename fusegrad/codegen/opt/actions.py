@@ -163,7 +163,7 @@ def _stage(k, opt, a, caps):
   out = _split(k, opt.axis, opt.arg, K.STAGE)
   tiles = passes.stages(passes.stage(out))
   _need(bool(tiles), opt, k, "no load of the reduction reads a tile shared by the work-group")
-  nbytes = sum(t.size * t.dtype.itemsize for t in tiles)
+  nbytes = sum(t.positions * t.dtype.itemsize for t in tiles)
   _need(nbytes <= caps.local_bytes, opt, k, f"the tiles' {nbytes} bytes exceed the device's {caps.local_bytes}")
   return out
 

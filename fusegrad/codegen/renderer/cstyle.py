@@ -26,6 +26,9 @@ def _floormod(num: str, c: int, may_be_negative: bool) -> str:
   return f"fg_floormod({num},{c})"
 
 
+def _local_length(v) -> int: return v.positions if isinstance(v, Stage) else v.size
+
+
 class _Walk:
   def __init__(self, k: Kernel, indent: str): self.k, self.indent, self.lines = k, indent, []
   def out(self, line: str) -> None: self.lines.append(self.indent + line)
@@ -87,7 +90,8 @@ class CStyleRenderer:
   def vec_type(self, d: VecDType) -> str: return f"fg_{d.scalar.name}x{d.count}"
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)}){{{','.join(a)}}})"
   def gep(self, a: str, lane: int) -> str: return f"{a}[{lane}]"
-  def vload(self, buf: int, idx: str, d: VecDType) -> str: return f"fg_vload_{self.vec_type(d)}(b{buf}+{idx})"
+  def vload(self, buf: int, idx: str, d: VecDType) -> str: return self.vload_at(f"b{buf}", idx, d)
+  def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"fg_vload_{self.vec_type(d)}({ptr}+{idx})"
   def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str:
     return f"fg_vstore_{self.vec_type(d)}(b{buf}+{idx}, {val});"
   def valu(self, op: str, d: VecDType, a: list) -> str:
@@ -151,7 +155,9 @@ class CStyleRenderer:
       ld = self.vload(v.buf, self.idx(v.idx), v.dtype) if isinstance(v.dtype, VecDType) else \
           self.load(v.buf, self.idx(v.idx), v.dtype)
       return ld if v.valid.is_true else f"({self.cond(v.valid)}?{ld}:{self.literal(0, v.dtype)})"
-    if isinstance(v, LocalLoad): return f"{a[0]}_l[{self.idx(v.idx)}]"
+    if isinstance(v, LocalLoad):
+      return self.vload_at(f"{a[0]}_l", self.idx(v.idx), v.dtype) if isinstance(v.dtype, VecDType) else \
+          f"{a[0]}_l[{self.idx(v.idx)}]"
     if isinstance(v, Vectorize): return self.vmake(v.dtype, a)
     if isinstance(v, Gep): return self.gep(a[0], v.lane)
     if isinstance(v, Const): return self.literal(v.value, v.dtype)
@@ -231,7 +237,7 @@ class CStyleRenderer:
 
   def local_buffers(self, listing: list) -> list[str]:
     """Declarations of the local buffers of the listing's group reductions and tiles (at the kernel's top scope)."""
-    return [f"  __local {self.reg_type(st.val.dtype)} {st.name}_l[{st.val.size}];" for st in listing
+    return [f"  __local {self.reg_type(st.val.dtype)} {st.name}_l[{_local_length(st.val)}];" for st in listing
             if isinstance(st, Let) and isinstance(st.val, (GroupReduce, Stage))]
 
   def _acc(self, st: Acc, w: "_Walk") -> None:
@@ -491,7 +497,7 @@ class OpenCLRenderer(CStyleRenderer):
   def vec_type(self, d: VecDType) -> str: return f"{self.types[d.scalar]}{d.count}"
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)})({','.join(a)}))"
   def gep(self, a: str, lane: int) -> str: return f"{a}.s{lane:x}"
-  def vload(self, buf: int, idx: str, d: VecDType) -> str: return f"vload{d.count}(0, b{buf}+{idx})"
+  def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"vload{d.count}(0, {ptr}+{idx})"
   def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str: return f"vstore{d.count}({val}, 0, b{buf}+{idx});"
   def valu(self, op: str, d: VecDType, a: list) -> str:
     if op in ("MAX", "MIN"):
