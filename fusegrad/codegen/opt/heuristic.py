@@ -6,9 +6,12 @@ kernel and the device's capabilities (renderer/base.Caps).
   work item, the columns in vectors, the row blocks fastest (neighbouring work items share a panel of
   columns in cache).
 - Reduction lanes: otherwise a reduction whose innermost axis divides evenly keeps REDUCE_LANES partial
-  accumulators (a vector accumulator where the values are vector ops), folded at the end.
-- Elementwise kernels of vector ops run their innermost axis in the widest vector that divides it.
-- GPUs (caps with local memory and no preference for blocking): `_work_groups` below.
+  accumulators, folded at the end (a kernel's only reduction of vector ops: VECTOR_ACCUMULATORS vectors of the
+  machine's native width).
+- Elementwise kernels of vector ops run their innermost axis in the widest vector that divides it; others run it
+  as a loop in each work item (LOOP), which the C compiler vectorizes.
+- GPUs (caps with local memory and no preference for blocking): `_work_groups` below (work-groups, a kernel's
+  reductions and output loops shared by one, matmul register tiles with local-memory tiles).
 The column and reduction lanes become vector values where the device has vectors (codegen/passes.vector_axis).
 """
 from __future__ import annotations
