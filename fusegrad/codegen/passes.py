@@ -14,9 +14,9 @@ import itertools
 from dataclasses import replace
 from fusegrad.graph import symbolic as sym
 from fusegrad import dtype as dt
-from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, SHARED_KINDS, Val, Stage, LocalLoad, Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store,
-                                 Vectorize, Gep, VecDType, vec, children, dependencies, toposort, substitute_kernel,
-                                 axis_variables)
+from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, SHARED_KINDS, Val, Stage, LocalLoad, Reduce,
+                                 GroupReduce, Load, Index, Valid, Gather, Alu, Store, Vectorize, Gep, VecDType, vec,
+                                 children, dependencies, toposort, substitute_kernel, axis_variables)
 
 K = AxisKind
 # how the partial accumulators of an upcast reduction axis combine
@@ -216,8 +216,8 @@ def stage(k: Kernel) -> Kernel:
   of the LOCAL, register and s axes it depends on, copied in the order of their strides in memory (neighbouring
   items of the copy read neighbouring addresses) and laid out with the LOCAL axes innermost (neighbouring items
   read neighbouring positions; an item's register tile innermost instead, read as vectors, measured 20% slower),
-  in rows padded by one where a row is a multiple of 32 banks. Each work item reads a value the group copied once, not its own global
-  load (a matmul's rows and columns are read by many items of a group)."""
+  in rows padded by one where a row is a multiple of 32 banks. Each work item reads a value the group copied
+  once, not its own global load (a matmul's rows and columns are read by many items of a group)."""
   st = k.of_kind(K.STAGE)
   if not st: return k
   s = st[0].var

@@ -10,7 +10,8 @@ from fusegrad import dtype as dt
 from fusegrad.graph import ops, symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
-from fusegrad.codegen.ir import tree_top, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Vectorize, Gep, VecDType
+from fusegrad.codegen.ir import (tree_top, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu,
+                                 Vectorize, Gep, VecDType)
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen import passes

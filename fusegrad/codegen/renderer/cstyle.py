@@ -11,7 +11,8 @@ import math
 from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
-from fusegrad.codegen.ir import tree_top, Kernel, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu, Reduce, Vectorize, Gep, VecDType
+from fusegrad.codegen.ir import (tree_top, Kernel, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid,
+                                 Alu, Reduce, Vectorize, Gep, VecDType)
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 
