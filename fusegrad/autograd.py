@@ -327,7 +327,7 @@ RULES = {
   "WINDOW": _window_rule,
   "UNFOLD": _unfold_rule,
   "UNFOLD_FLAT": _unfold_flat_rule,
-  "CONV_ROWS": lambda arg, ins, out, g: _conv_rows_rule(arg, ins, out, g),
+  "CONV_ROWS": _conv_rows_rule,
   "CONTIGUOUS": lambda arg, ins, out, g: (g,),
   "SIGMOID": lambda arg, ins, out, g: (_sigmoid_grad(ins[0], out, g),),
   "EXPM1": lambda arg, ins, out, g: (g * ins[0].exp(),),   # not out + 1, which is 0 where expm1 rounds to -1

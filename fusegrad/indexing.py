@@ -220,7 +220,7 @@ def index_put(self: Tensor, indices, values, accumulate: bool = False) -> Tensor
     raise RuntimeError(f"shape mismatch: value tensor of shape {list(vals.shape)} cannot be broadcast to indexing "
                        f"result of shape {list(flat.shape + rest)}")
   vals = vals._broadcast_to(flat.shape + rest)
-  hit = flat.reshape(-1, 1) == arange(P, device=self.device)                 # [M, P]
+  hit = every_hit = flat.reshape(-1, 1) == arange(P, device=self.device)     # [M, P]
   if not accumulate and flat.numel() > 1:
     # a position written twice keeps the last value written (PyTorch's CPU order), not their sum
     later = hit._cast(dt.int32).flip(0).cumsum(0).flip(0) - hit._cast(dt.int32)
@@ -230,8 +230,7 @@ def index_put(self: Tensor, indices, values, accumulate: bool = False) -> Tensor
   red = _reduce_hits(v, h, "sum", 0).reshape(self.shape)
   if not accumulate and flat.numel() > 1 and vals.requires_grad:
     # PyTorch's derivative gives every value the gradient at its target, also a value a later one overwrote
-    every = _reduce_hits(v, (flat.reshape(-1, 1) == arange(P, device=self.device)).reshape(h.shape), "sum", 0)
-    every = every.reshape(self.shape)
+    every = _reduce_hits(v, every_hit.reshape(h.shape), "sum", 0).reshape(self.shape)
     red = every + (red - every).detach()
   if accumulate: return (self + red)._cast(self.dtype) if not self.dtype.is_bool else self | red
   got = hit.any(0).reshape(*self.shape[:k], *(1,) * len(rest))

@@ -195,6 +195,10 @@ class Stage(Val):
       pos = pos + (env[x] if env else sym.lin(x)) * st
     return pos
 
+  def copy_digits(self, j) -> dict:
+    """The copy variables at copy step j (an index expression): its mixed-radix digits."""
+    return dict(zip(self.over, sym.unravel(j, tuple(v.hi + 1 for v in self.over))))
+
   @property
   def positions(self) -> int:
     """The local buffer's length (the size and the rows' padding)."""

@@ -91,15 +91,6 @@ def ravel(idx, shape) -> sym.Lin:
   return out
 
 
-def unravel(flat, shape) -> tuple:
-  out = []
-  for d, (s, st) in enumerate(zip(shape, contiguous_strides(shape))):
-    if s == 1: out.append(sym.const(0)); continue
-    q = sym.div(flat, st)
-    out.append(q if d == 0 else sym.mod(q, s))
-  return tuple(out)
-
-
 class _Builder:
   def __init__(self, outputs: list[Node], is_boundary, on_expand=None, on_pad=None):
     self.outputs, self.is_boundary = outputs, is_boundary
@@ -203,7 +194,7 @@ class _Builder:
         self.expanded.append(src)
         why = self.on_expand(src, self._is_leaf) if self.on_expand is not None else None
         if why: raise NeedsRealize(src, why)
-      inner = self.ev(src, unravel(flat, src.shape), gate & valid)
+      inner = self.ev(src, sym.unravel(flat, src.shape), gate & valid)
       bcast = prod(sz for st, sz in zip(n.arg.strides, n.arg.shape) if st == 0)
       if bcast > 1: self.broadcasts.append((src, inner, bcast))
       if valid.is_true: return inner

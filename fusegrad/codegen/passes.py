@@ -319,10 +319,6 @@ def bind(k: Kernel) -> tuple[Kernel, sym.Var, sym.Var | None]:
   lidx = sym.Var(LIDX, 0, k.local_size[0] - 1) if loc else None
   env: dict = {}
   for flat, vs in ((gidx, glob), (lidx, loc)):
-    acc = 1
-    for v in reversed(vs):
-      q = sym.div(flat, acc)
-      env[v] = q if v is vs[0] else sym.mod(q, v.hi + 1)
-      acc *= v.hi + 1
+    if vs: env.update(zip(vs, sym.unravel(sym.lin(flat), tuple(v.hi + 1 for v in vs))))
   for v in shared[1:]: env[v] = env[shared[0]]   # one shared index: the group's reductions and output loops
   return substitute_kernel(k, env), gidx, lidx

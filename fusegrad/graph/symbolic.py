@@ -285,6 +285,17 @@ TRUE = Cond()
 FALSE = Cond((), True)
 
 
+def unravel(flat, shape) -> tuple:
+  """The index along each dim of `shape` (row-major, the first outermost) of flat position `flat`."""
+  out, stride = [], 1
+  for s in reversed(shape):
+    out.append(stride)
+    stride *= s
+  strides = out[::-1]
+  return tuple(const(0) if s == 1 else div(flat, st) if d == 0 else mod(div(flat, st), s)
+               for d, (s, st) in enumerate(zip(shape, strides)))
+
+
 def simplify_under(x, cond: Cond) -> Lin:
   """x simplified for where cond holds (a padded load's index, used only where its validity does): each part of
   cond that bounds a single atom (lo <= atom + c < hi) narrows that atom's range, x is rebuilt with the narrowed

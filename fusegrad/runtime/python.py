@@ -144,12 +144,10 @@ class Interpreter:
       if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
       return np.where(ok, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
     if isinstance(v, Stage):   # every item holds its group's tile: [items, positions]
-      j = np.arange(v.size)
       tenv = {x: (np.asarray(y)[:, None] if np.ndim(y) == 1 else y) for x, y in env.items() if isinstance(x, sym.Var)}
-      stride = 1
-      for x in reversed(v.over):
-        tenv[x] = ((j // stride) % (x.hi + 1))[None, :]
-        stride *= x.hi + 1
+      j = sym.Var("j", 0, v.size - 1)
+      steps = {j: np.arange(v.size)[None, :]}
+      for x, e in v.copy_digits(sym.lin(j)).items(): tenv[x] = np.broadcast_to(sym.evaluate(e, steps), (1, v.size))
       idx = np.broadcast_to(np.asarray(sym.evaluate(v.idx, tenv)), (n, v.size))
       ok = np.broadcast_to(np.asarray(sym.evaluate_cond(v.valid, tenv)), (n, v.size))
       b = bufs[v.buf]

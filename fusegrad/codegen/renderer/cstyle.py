@@ -223,11 +223,7 @@ class CStyleRenderer:
     positions lidx, lidx + local size, ..., meet."""
     v, it = st.val, self.index_type_of(w.k)
     j = sym.Var(f"{st.name}_j", 0, v.size - 1)
-    env, stride = {}, 1
-    for x in reversed(v.over):
-      q = sym.div(sym.lin(j), stride)
-      env[x] = q if x is v.over[0] else sym.mod(q, x.hi + 1)
-      stride *= x.hi + 1
+    env = v.copy_digits(sym.lin(j))
     idx, valid = sym.substitute(v.idx, env), v.valid.substitute(env)
     ld = self.load(v.buf, self.idx(idx), v.dtype)
     if not valid.is_true: ld = f"({self.cond(valid)}?{ld}:{self.literal(0, v.dtype)})"
