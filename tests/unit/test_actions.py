@@ -234,3 +234,27 @@ def test_masked_matmul_keeps_vector_accumulators(rng):
   want = np.where(keep, (q @ kt) * np.float32(0.3), -np.inf)
   _close(run(item, tuple(opts)), want)
   _close(run(item, tuple(opts), "CPU"), want)
+
+
+def test_work_group_actions_say_why(rng):
+  """The shared axis, local tiles and loops refuse what they cannot do, naming why."""
+  sm = one_kernel(make("softmax_wide", rng)).kernel          # [6 rows, 256 outputs (loop), max over 256, sum over 256]
+  reds = [i for i, a in enumerate(sm.axes) if a.kind is AxisKind.REDUCE]
+  loop = next(i for i, a in enumerate(sm.axes) if a.kind is AxisKind.LOOP)
+  k1 = apply_opt(sm, Opt(OptOp.GROUP, reds[0], 64), GPU)
+  with pytest.raises(OptError, match="shared axis has 64 items"):
+    apply_opt(k1, Opt(OptOp.GROUP, k1.axis_index(sm.axes[reds[1]].var), 32), GPU)
+  with pytest.raises(OptError, match="shared axis has 64 items"):
+    apply_opt(k1, Opt(OptOp.LOCAL, loop, 32), GPU)
+  with pytest.raises(OptError, match="only a reduction axis is staged"):
+    apply_opt(sm, Opt(OptOp.STAGE, loop, 8), GPU)
+  with pytest.raises(OptError, match="no work-group axes"):
+    apply_opt(sm, Opt(OptOp.STAGE, reds[0], 8), GPU)
+  mm = one_kernel(make("matmul_gpu", rng)).kernel
+  k2 = apply_opt(mm, Opt(OptOp.LOCAL, 0, 16), GPU)
+  with pytest.raises(OptError, match="one staged axis per kernel"):
+    r = k2.axis_index(mm.axes[-1].var)
+    k3 = apply_opt(k2, Opt(OptOp.STAGE, r, 4), GPU)
+    apply_opt(k3, Opt(OptOp.STAGE, k3.axis_index(k3.of_kind(AxisKind.REDUCE)[0].var), 2), GPU)
+  with pytest.raises(OptError, match="no work-groups"):
+    apply_opt(k2, Opt(OptOp.STAGE, r, 4), _avx512(rd.get("PYTHON").caps))
