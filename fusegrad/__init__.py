@@ -17,6 +17,7 @@ from fusegrad.engine.jit import jit
 from fusegrad.autograd import no_grad, enable_grad, grad, grad_enabled as is_grad_enabled
 from fusegrad.runtime.device import CompileError
 from fusegrad.codegen.opt.search import beam
+from fusegrad.graph.dims import Variable
 
 concatenate = cat
 concat = cat

@@ -18,6 +18,7 @@ from fusegrad.dtype import DType
 from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod
+from fusegrad.graph.dims import BoundDim, from_storage
 from fusegrad.runtime import device as rd
 from fusegrad import autograd
 from fusegrad import alias
@@ -72,7 +73,7 @@ def _shape_arg(shape) -> tuple:
   for s in shape:
     if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
       raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
-    out.append(int(s))
+    out.append(s if type(s) is BoundDim else int(s))   # a runtime size keeps its Variable (graph/dims.py)
   _check_numel(out)
   return tuple(out)
 
@@ -95,12 +96,12 @@ def broadcast_shapes(*shapes) -> tuple:
     size = 1
     for s in shapes:
       d = s[i - nd + len(s)] if i - nd + len(s) >= 0 else 1
-      if d != 1:
+      if d != 1 or type(d) is BoundDim:
         if size != 1 and d != size:
           a, b = [x for x in shapes if (x[i - nd + len(x)] if i - nd + len(x) >= 0 else 1) != 1][:2]
           raise RuntimeError(f"The size of tensor a ({size}) must match the size of tensor b ({d}) at non-singleton "
                              f"dimension {i} (shapes {tuple(shapes[0])} and {tuple(shapes[1]) if len(shapes) > 1 else ()})")
-        size = d
+        if size == 1 or type(d) is BoundDim: size = d   # a runtime size wins over an equal plain one
     out.append(size)
   _check_numel(out)
   return tuple(out)
@@ -245,7 +246,7 @@ class Tensor:
       from fusegrad.engine.realize import realize
       realize(n)
     _jit.check_read(self)
-    return n.buffer.numpy().reshape(self.shape)
+    return from_storage(n.buffer.numpy(), self.shape)
 
   def __array__(self, dtype=None, copy=None):
     a = self.numpy()
@@ -760,7 +761,8 @@ class Tensor:
     # (schedule/rules.split_reductions)
     axes = _norm_dims(dim, self.ndim)
     x = self
-    real = tuple(sorted(a for a in axes if self.shape[a] != 1))   # size-1 axes reduce nothing
+    # size-1 axes reduce nothing (a runtime size of value 1 still reduces: its kernel serves every value)
+    real = tuple(sorted(a for a in axes if self.shape[a] != 1 or type(self.shape[a]) is BoundDim))
     if real: x = self._prim("REDUCE", (op, real), gn.reduce(x.node, op, real))
     if not keepdim:   # a reduction's result is a new tensor, even where it reduces nothing
       shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
@@ -995,7 +997,7 @@ class Tensor:
     return self._mv("FLIP", axes)
   def _shrink(self, bounds, view: bool = False) -> "Tensor":
     bounds = tuple(tuple(b) for b in bounds)
-    if all(b == (0, s) for b, s in zip(bounds, self.shape)): return self
+    if all(b == (0, s) and type(b[1]) is type(s) for b, s in zip(bounds, self.shape)): return self   # (a runtime size: kept)
     return self._view("SHRINK", bounds) if view else self._mv("SHRINK", bounds)
   def narrow(self, dim: int, start: int, length: int) -> "Tensor":
     d = _norm_dim(dim, self.ndim)
@@ -1557,6 +1559,13 @@ def _getitem(x: Tensor, index, basic_only: bool = False, return_region: bool = F
       bounds.append((i, i + 1)); steps.append(1)
       final_dims.append(("drop", dim)); dim += 1
       continue
+    if isinstance(i, slice) and type(i.stop) is BoundDim and i.start in (None, 0) and i.step in (None, 1):
+      if i.stop > s: raise IndexError(f"slice end {i.stop} ({i.stop.var.name}) exceeds dimension {dim} of size {s}")
+      if i.stop.var.hi > s:
+        raise IndexError(f"Variable {i.stop.var.name} may reach {i.stop.var.hi}, past dimension {dim} of size {s}")
+      bounds.append((0, i.stop)); steps.append(1)   # a runtime size (graph/dims.py)
+      final_dims.append(("keep", dim)); dim += 1
+      continue
     if isinstance(i, slice):
       start, stop, step = i.indices(s)
       if step == 0: raise ValueError("slice step cannot be zero")
@@ -1723,6 +1732,7 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool
   if end is None: start, end = 0, start
   if step == 0: raise RuntimeError("step must be nonzero")
   n = builtins.max(0, math.ceil((end - start) / step))
+  if type(end) is BoundDim and start == 0 and step == 1: n = end   # a runtime length (graph/dims.py)
   if (end - start) / step < 0 and n == 0 and end != start:
     raise RuntimeError(f"upper bound and larger bound inconsistent with step sign (start={start}, end={end}, step={step})")
   is_int = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, end, step))

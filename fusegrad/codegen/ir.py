@@ -11,7 +11,9 @@ register axes, binding of work-item indices), linearization and rendering.
 from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
+from fusegrad import dtype as dt
 from fusegrad.dtype import DType
+from fusegrad.graph.node import reduce_identity
 from fusegrad.graph import symbolic as sym
 
 
@@ -38,6 +40,9 @@ SHARED_KINDS = (AxisKind.GROUP_REDUCE, AxisKind.GROUP_LOOP)
 class Axis:
   var: sym.Var
   kind: AxisKind
+  # a runtime extent (over kernel arguments, sym.ArgVar) at most the size: indices at or past it compute nothing
+  # (every load, reduction and store over the axis is guarded: ir.guard), and a loop over the axis stops there
+  end: sym.Lin | None = None
 
   @property
   def size(self) -> int: return self.var.hi + 1
@@ -410,3 +415,44 @@ def substitute_kernel(k: Kernel, env: dict, loops: dict | None = None, axes: tup
   vals = substitute([st.value for st in k.stores], env, loops)
   stores = tuple(Store(st.buf, sym.substitute(st.idx, env), v, st.valid.substitute(env)) for st, v in zip(k.stores, vals))
   return replace(k, stores=stores, axes=k.axes if axes is None else axes, **changes)
+
+
+def guard(k: Kernel, var: sym.Var, inside: sym.Cond) -> Kernel:
+  """k computing nothing where `inside` fails: every load and index that uses var is guarded by it, a reduction
+  over var adds its identity there, and a store over var stores nothing there (an axis padded past its size,
+  codegen/opt PADTO; a dimension sized at run time, codegen/lower)."""
+  memo: dict = {}
+  def g(v):
+    r = memo.get(id(v))
+    if r is not None: return r
+    if isinstance(v, Load) and var in sym.variables(v.idx): r = Load(v.buf, v.idx, v.valid & inside, v.dtype)
+    elif isinstance(v, Index) and var in sym.variables(v.idx): r = Index(v.idx, v.valid & inside, v.dtype)
+    elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(g(c) for c in v.src))
+    elif isinstance(v, Gather): r = Gather(v.buf, v.size, g(v.src), v.dtype)
+    elif isinstance(v, Reduce):
+      srcs = tuple(g(c) for c in (v.src,) + v.more)
+      if var in v.loops:
+        ident = Const(reduce_identity(v.op, v.dtype), v.dtype)
+        srcs = tuple(Alu("WHERE", v.dtype, (Valid(inside, dt.bool_), s, ident)) for s in srcs)
+      r = Reduce(v.op, v.dtype, v.loops, srcs[0], srcs[1:])
+    else: r = v
+    memo[id(v)] = r
+    return r
+  stores = tuple(Store(st.buf, st.idx, g(st.value), st.valid & inside if var in sym.variables(st.idx) else st.valid)
+                 for st in k.stores)
+  return replace(k, stores=stores)
+
+
+def arg_vars(k: Kernel) -> tuple:
+  """The kernel arguments used as integers (sym.ArgVar) in its indices, conditions and axis ends, by slot."""
+  out: set = set()
+  def take(x): out.update(a for a in sym.variables(x) if isinstance(a, sym.ArgVar))
+  def take_cond(c): out.update(a for a in c.variables() if isinstance(a, sym.ArgVar))
+  for st in k.stores:
+    take(st.idx); take_cond(st.valid)
+    for v in toposort([st.value]):
+      if isinstance(v, (Load, Index)): take(v.idx); take_cond(v.valid)
+      elif isinstance(v, Valid): take_cond(v.cond)
+  for a in k.axes:
+    if a.end is not None: take(a.end)
+  return tuple(sorted(out, key=lambda x: x.slot))

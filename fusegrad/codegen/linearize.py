@@ -16,7 +16,8 @@ from fusegrad.codegen.ir import (Kernel, AxisKind, Reduce, LocalLoad, Val, VecDT
 
 @dataclass(frozen=True)
 class Loop:
-  var: sym.Var              # for var in range(var.hi + 1)
+  var: sym.Var              # for var in range(var.hi + 1)...
+  end: sym.Lin | None = None   # ...or up to this runtime end (ir.Axis.end: over kernel arguments), at most that
 
 @dataclass(frozen=True)
 class End:
@@ -161,13 +162,14 @@ def linearize(k: Kernel) -> list:
     vd = st.value.dtype
     stmts[i] = StoreSt(st.buf, st.idx, st.valid, use(i, st.value), vd if isinstance(vd, VecDType) else None)
 
+  ends = {a.var: a.end for a in k.axes if a.end is not None}
   out: list = []
   def emit(scope: tuple) -> None:
     order = _toposort(items.get(scope, []), edges.get(scope, set()), k)
     for it in order:
       if it[0] == "st": out.append(stmts[it[1]])
       else:
-        out.append(Loop(it[1]))
+        out.append(Loop(it[1], ends.get(it[1])))
         emit(scope + (it[1],))
         out.append(End())
   emit(())
@@ -199,7 +201,8 @@ def format_listing(listing: list) -> str:
   """A readable rendering of a listing (the PYTHON device shows this as its 'source')."""
   lines, ind = [], ""
   for st in listing:
-    if isinstance(st, Loop): lines.append(f"{ind}for {st.var.name} in range({st.var.hi + 1}):"); ind += "  "
+    if isinstance(st, Loop):
+      lines.append(f"{ind}for {st.var.name} in range({st.var.hi + 1 if st.end is None else repr(st.end)}):"); ind += "  "
     elif isinstance(st, End): ind = ind[:-2]
     elif isinstance(st, Let):
       v = st.val

@@ -23,12 +23,13 @@ Python number that changes every step (a learning rate, a loss scale) reuses one
 """
 from __future__ import annotations
 import math
+from dataclasses import replace
 from fusegrad import dtype as dt
-from fusegrad.graph import symbolic as sym
+from fusegrad.graph import symbolic as sym, dims
 from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod, contiguous_strides
 from fusegrad.codegen.ir import (Gather, Load, Const, Param, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, Axis, AxisKind,
-                                 toposort, dependencies, round16, is_round16, EXACT_OPS)
+                                 toposort, dependencies, round16, is_round16, guard, arg_vars, EXACT_OPS)
 
 # transcendental functions cost several ALU ops (a polynomial, or a libm call)
 _OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF", "ATAN", "ATAN2")}
@@ -91,6 +92,24 @@ def ravel(idx, shape) -> sym.Lin:
   return out
 
 
+def _per_dim(v, src_shape, idx) -> tuple | None:
+  """The index into the source of view v (at idx) dim by dim, when v only permutes, expands or adds and drops size-1
+  dims of its source's contiguous layout (None otherwise): no flat position divided back into dims, so a runtime
+  size (graph/dims.py) stays out of the index arithmetic."""
+  if v.offset: return None
+  src_strides = contiguous_strides(src_shape)
+  at = {st: j for j, st in enumerate(src_strides) if st}
+  out = [sym.const(0)] * len(src_shape)
+  used = set()
+  for i, st in zip(idx, v.strides):
+    j = at.get(st) if st else None
+    if st and (j is None or j in used): return None
+    if st: used.add(j); out[j] = i
+  if len(used) != len(at): return None
+  if any(v.shape[i] != src_shape[at[st]] for i, st in enumerate(v.strides) if st): return None
+  return tuple(out)
+
+
 class _Builder:
   def __init__(self, outputs: list[Node], is_boundary, on_expand=None, on_pad=None):
     self.outputs, self.is_boundary = outputs, is_boundary
@@ -106,6 +125,7 @@ class _Builder:
     self.reduce_instances: dict[int, list] = {}
     self.instances: dict[int, int] = {}   # id(node) -> how many different indices it was evaluated at
     self.nloop = 0
+    self.ends: dict = {}          # loop variable of a runtime-sized dim (graph/dims.py) -> its size's argument
     self.broadcasts: list = []    # (source node, its value, elements it is broadcast to) of each broadcasting view
     self.expanded: list = []      # computed sources of broadcasting views, in evaluation order (schedule rules judge them)
 
@@ -139,6 +159,16 @@ class _Builder:
     belongs to this kernel (it is part of the structure the kernel was lowered for), so the program is shared."""
     slot = self._slot(("residual", value), None, value)
     return sym.ArgVar(f"p{slot}", -OFFSET_BOUND, OFFSET_BOUND, slot)
+
+  def dim_var(self, name: str, size) -> sym.Var | None:
+    """The loop variable of a dim (None for a plain dim of size 1). A runtime size (graph/dims.BoundDim) loops
+    over its Variable's bound; its value is an argument (one per Variable and value) that ends the loop and
+    guards it (build)."""
+    if not dims.is_bound(size): return sym.Var(name, 0, size - 1) if size > 1 else None
+    v = sym.Var(name, 0, size.var.hi - 1)
+    slot = self._slot(("dim", size.var, int(size)), None, int(size))
+    self.ends[v] = sym.ArgVar(f"p{slot}", size.var.lo, size.var.hi, slot)
+    return v
 
   def ev(self, n: Node, idx: tuple, gate: sym.Cond):
     key = (id(n), idx, gate)
@@ -178,14 +208,19 @@ class _Builder:
     return (self.is_boundary(n) and n not in self.outputs) or n.op in ("CONST", "IOTA") or n.realized
 
   def _ev(self, n: Node, idx, gate):
-    if self._is_leaf(n): return self._leaf(n, ravel(idx, n.shape), gate)
+    if self._is_leaf(n):   # a buffer is laid out by its storage shape (a runtime size at its bound: graph/dims.py)
+      buffer = n.op not in ("CONST", "IOTA") or n.realized
+      return self._leaf(n, ravel(idx, dims.storage_shape(n.shape) if buffer else n.shape), gate)
     if n.op == "VIEW":
       flat, valid = n.arg.index(idx)
       src = n.src[0]
       if valid.false: return Const(n.dtype.np(0).item(), n.dtype)   # padding only: the source is not read
       if self._is_leaf(src):
         if src.op not in ("CONST", "IOTA") or src.realized:   # a load: its offset is an argument
-          flat = flat - n.arg.offset + self.offset_param(n)
+          if dims.tags(src.shape):   # a buffer laid out by its storage shape: the view's position moved there (the
+            # offset stays: schedule._view_key keys such a view with it)
+            flat = ravel(_per_dim(n.arg, src.shape, idx) or sym.unravel(flat, src.shape), dims.storage_shape(src.shape))
+          else: flat = flat - n.arg.offset + self.offset_param(n)
         return self._leaf(src, flat, gate & valid)
       if not valid.is_true and self.on_pad is not None:
         why = self.on_pad(src, self._is_leaf)
@@ -194,7 +229,8 @@ class _Builder:
         self.expanded.append(src)
         why = self.on_expand(src, self._is_leaf) if self.on_expand is not None else None
         if why: raise NeedsRealize(src, why)
-      inner = self.ev(src, sym.unravel(flat, src.shape), gate & valid)
+      inner = self.ev(src, (dims.tags(src.shape) and _per_dim(n.arg, src.shape, idx)) or sym.unravel(flat, src.shape),
+                      gate & valid)
       bcast = prod(sz for st, sz in zip(n.arg.strides, n.arg.shape) if st == 0)
       if bcast > 1: self.broadcasts.append((src, inner, bcast))
       if valid.is_true: return inner
@@ -204,7 +240,7 @@ class _Builder:
       src = n.src[0]
       loops, new_idx = [], list(idx)
       for a in axes:
-        v = sym.Var(f"r{self.nloop}", 0, src.shape[a] - 1)
+        v = self.dim_var(f"r{self.nloop}", src.shape[a]) or sym.Var(f"r{self.nloop}", 0, 0)
         self.nloop += 1
         loops.append(v)
         new_idx[a] = sym.lin(v)
@@ -289,9 +325,9 @@ def analyze(outputs: list[Node], is_boundary, on_expand=None, on_pad=None) -> Fu
   Raises NeedsRealize where the fusion cannot be expressed as one kernel, or where `on_expand(source, is_leaf)`
   names a reason to cut a broadcast source (`on_pad`: a source read through padding)."""
   shape = outputs[0].shape
-  ovars = tuple(sym.Var(f"o{d}", 0, s - 1) if s > 1 else None for d, s in enumerate(shape))
-  oidx = tuple(sym.lin(v) if v is not None else sym.const(0) for v in ovars)
   b = _Builder(outputs, is_boundary, on_expand, on_pad)
+  ovars = tuple(b.dim_var(f"o{d}", s) for d, s in enumerate(shape))
+  oidx = tuple(sym.lin(v) if v is not None else sym.const(0) for v in ovars)
   vals = [b.ev(n, oidx, sym.TRUE) for n in outputs]
   # the canonical kernel has one set of REDUCE axes per reduction
   for nid, inst in b.reduce_instances.items():
@@ -306,22 +342,23 @@ def build(f: Fusion) -> tuple[Kernel, list[Node]]:
   shape = f.outputs[0].shape
   gvars = tuple(v for v in ovars if v in gset)
   gsize = _extent(gvars)
-  axes = [Axis(v, AxisKind.GLOBAL if v in gset else AxisKind.LOOP) for v in ovars if v is not None]
-  for _, r in reduces: axes += [Axis(v, AxisKind.REDUCE) for v in r.loops]
-  flat_out = ravel(oidx, shape)
+  ends = b.ends
+  axes = [Axis(v, AxisKind.GLOBAL if v in gset else AxisKind.LOOP, ends.get(v)) for v in ovars if v is not None]
+  for _, r in reduces: axes += [Axis(v, AxisKind.REDUCE, ends.get(v)) for v in r.loops]
+  flat_out = ravel(oidx, dims.storage_shape(shape))
   # a store of a 16-bit float rounds by itself: the value's own round16 would be done twice
   stores = tuple(Store(i, flat_out, v.src[0] if is_round16(v) else v) for i, v in enumerate(vals))
-  bufs = tuple(BufferArg(n.dtype, n.numel, True) for n in f.outputs) + \
-         tuple(BufferArg(n.dtype, n.numel, False) for n in b.inputs)
+  bufs = tuple(BufferArg(n.dtype, dims.storage_numel(n.shape), True) for n in f.outputs) + \
+         tuple(BufferArg(n.dtype, dims.storage_numel(n.shape), False) for n in b.inputs)
   kind = "r" if reduces else "E"
-  name = f"{kind}_{'_'.join(str(s) for s in shape) or 'scalar'}"
+  name = f"{kind}_{'_'.join(str(s) for s in dims.dim_key(shape)) or 'scalar'}"
   flops, weighted = _estimate_flops(vals, gsize, gvars)
-  arg_vars = tuple(sorted({x for st in stores for v in toposort([st.value]) if isinstance(v, Load)
-                           for x in sym.variables(v.idx) if isinstance(x, sym.ArgVar)}, key=lambda x: x.slot))
   k = Kernel(name, bufs, tuple(axes), stores, flops, cost=weighted + sum(b.size for b in bufs),
-             params=tuple(dt.int64 if n is None or n.op == "VIEW" else n.dtype for n in b.params), arg_vars=arg_vars,
+             params=tuple(dt.int64 if n is None or n.op == "VIEW" else n.dtype for n in b.params),
              example=tuple(b.residuals[i] if n is None else param_value(n) for i, n in enumerate(b.params)))
-  return k, b.inputs
+  # a runtime-sized dim computes nothing past its size (its loop also ends there: Axis.end)
+  for v, end in ends.items(): k = guard(k, v, sym.Cond.range(sym.lin(v) - end, sym.bounds(sym.lin(v) - end)[0], 0))
+  return replace(k, arg_vars=arg_vars(k)), b.inputs
 
 
 def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:

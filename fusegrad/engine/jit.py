@@ -192,6 +192,13 @@ class _Recorder:
     self.items.append(("kernel", dev, program, kernel, src, list(bufs), list(params)))
     for b in bufs[:n_out]: self.written[id(b)] = b
 
+  def runtime_size(self, name: str) -> None:
+    """A kernel of the step loops over a dimension sized at run time (graph/dims.Variable): its value is the
+    capture's, which a replay cannot follow -- refused rather than replayed stale."""
+    if self.recording and self.error is None:
+      self.error = (f"fusegrad.jit: the step sizes a dimension by a Variable (kernel {name}); a replay would keep "
+                    f"the captured size. Call the step without fusegrad.jit")
+
   def copy(self, src, dst) -> None:
     if not self.recording: return
     self.items.append(("copy", src, dst))

@@ -18,6 +18,7 @@ import time
 from fusegrad import config
 from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
+from fusegrad.graph.dims import storage_numel
 from fusegrad.runtime import device as rd
 from fusegrad.schedule import schedule as sched
 from fusegrad.codegen.lower import param_values
@@ -59,7 +60,7 @@ def realize(*nodes: Node) -> None:
       buf = rd.Buffer(dev, 0, out.dtype)
     elif item.kind == "COPY":
       src = item.inputs[0].buffer
-      buf = rd.Buffer(dev, out.numel, out.dtype)
+      buf = rd.Buffer(dev, storage_numel(out.shape), out.dtype)
       if out.numel: buf.copyin(src.numpy())
       track.record_copy()
       if (rec := jit.recorder()) is not None: rec.copy(src, buf)
@@ -74,14 +75,16 @@ def _run_kernel(item, dev):
   for b in k.bufs:
     if b.dtype not in dev.supported:
       raise RuntimeError(f"device {dev.name} cannot run dtype {b.dtype.name}")
-  bufs = [rd.Buffer(dev, o.numel, o.dtype) for o in item.outputs]
+  bufs = [rd.Buffer(dev, storage_numel(o.shape), o.dtype) for o in item.outputs]
   c = None
   if item.outputs[0].numel:
     c = dev.compiled(k)
     everything = bufs + [i.buffer for i in item.inputs]
     params = dev.param_handles(k, item.param_values()) if k.params else []
     launch(dev, c.program, c.kernel, c.source, [b.handle for b in everything] + params)
-    if (rec := jit.recorder()) is not None: rec.kernel(dev, c.program, c.kernel, c.source, everything, len(bufs), params)
+    if (rec := jit.recorder()) is not None:
+      if any(a.end is not None for a in k.axes): rec.runtime_size(k.name)
+      rec.kernel(dev, c.program, c.kernel, c.source, everything, len(bufs), params)
   for o, b in zip(item.outputs, bufs): _set_result(o, b)
   return c
 
@@ -108,7 +111,7 @@ class Plan:
       specs = []
       for i in outs:
         made[i] = len(made)
-        specs.append((i, nodes[i].numel, nodes[i].dtype))
+        specs.append((i, storage_numel(nodes[i].shape), nodes[i].dtype))
       # the schedule's kernel, not its compiled program: each run asks the device (a dictionary hit), so the
       # device's LRU of programs stays the one bound on compiled code, and an evicted program is compiled again
       self.steps.append((dev, None if c is None else k, tuple(specs), refs, params))

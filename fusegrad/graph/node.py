@@ -15,7 +15,7 @@ import math
 import weakref
 import numpy as np
 from fusegrad import dtype as dt
-from fusegrad.graph import ops
+from fusegrad.graph import ops, dims
 from fusegrad.graph.view import View, prod
 
 
@@ -69,6 +69,7 @@ def make(op, dtype, src, arg, shape, device) -> Node:
     a = (type(arg), arg) if arg or type(arg) is not float else (float, arg, math.copysign(1.0, arg))
   elif type(arg) is float and arg != arg: a = ("nan",)
   key = (op, dtype, tuple(map(id, src)), a, shape, device)
+  if dims.bound_any[0]: key += (dims.tags(shape),)   # a runtime size is no equal plain one (graph/dims.py)
   r = _cache.get(key)
   if r is not None:
     n = r()
@@ -159,7 +160,7 @@ def alu(op: str, *src: Node) -> Node:
   if op == "MUL" and is_const(src[1]) and src[1].arg == 1: return s0
   if op == "DIV" and is_const(src[1]) and src[1].arg == 1: return s0
   if op == "WHERE" and is_const(s0): return src[1] if s0.arg else src[2]
-  return make(op, d, src, None, s0.shape, s0.device)
+  return make(op, d, src, None, dims.merge(src) if dims.bound_any[0] else s0.shape, s0.device)
 
 
 def cast(src: Node, dtype: dt.DType) -> Node:
@@ -179,7 +180,7 @@ def reduce_identity(op: str, d: dt.DType):
 
 def reduce(src: Node, op: str, axes: tuple) -> Node:
   """Reduce over axes, keeping them as size-1 dims."""
-  axes = tuple(sorted(a for a in axes if src.shape[a] != 1))
+  axes = tuple(sorted(a for a in axes if src.shape[a] != 1 or dims.is_bound(src.shape[a])))   # (dims.py: still reduces)
   shape = tuple(1 if i in axes else s for i, s in enumerate(src.shape))
   if not axes: return src
   if prod(src.shape) == 0:
@@ -200,7 +201,7 @@ def _base_view(n: Node) -> tuple[Node, View]:
 
 
 def _with_view(base: Node, v: View) -> Node:
-  if v.shape == base.shape and v.is_contiguous: return base
+  if v.shape == base.shape and v.is_contiguous and dims.tags(v.shape) == dims.tags(base.shape): return base
   if is_const(base) and v.mask is None: return const(base.arg, base.dtype, v.shape, base.device)
   return make("VIEW", base.dtype, (base,), v, v.shape, base.device)
 
@@ -219,6 +220,9 @@ def movement(n: Node, op: str, arg) -> Node:
 
 def gather(data: Node, pos: Node) -> Node:
   """out[i] = data (flattened, contiguous) at position pos[i]; 0 where pos is out of range."""
+  if dims.tags(data.shape):
+    raise NotImplementedError(f"gathering from a tensor of shape {data.shape} with a runtime size (a Variable's "
+                              f"{', '.join(v.name for _, v in dims.tags(data.shape))}) is not supported yet")
   return make("GATHER", data.dtype, (data, pos), None, pos.shape, data.device)
 
 

@@ -79,7 +79,8 @@ class View:
     mask = None
     if self.mask is not None:
       mask = [(max(0, mlo - lo), max(0, min(hi, mhi) - lo)) for (mlo, mhi), (lo, hi) in zip(self.mask, bounds)]
-    return self._canonical([hi - lo for lo, hi in bounds], self.strides, offset, mask)
+    # a runtime size (graph/dims.BoundDim) as the end of a dim kept from 0 stays the dim's size
+    return self._canonical([hi if lo == 0 else hi - lo for lo, hi in bounds], self.strides, offset, mask)
 
   def pad(self, pads) -> "View":
     """pads: per dim (before, after), both >= 0."""

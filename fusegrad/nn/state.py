@@ -22,6 +22,7 @@ import safetensors
 from fusegrad import dtype as dt
 from fusegrad.dtype import DType
 from fusegrad.tensor import Tensor
+from fusegrad.graph.dims import from_storage
 from fusegrad.runtime import device as rd
 from fusegrad.graph import node as gn
 
@@ -147,7 +148,7 @@ def _host_bits(tensors: list[Tensor]) -> list[np.ndarray]:
   if lazy: realize(*lazy)
   out = []
   for t, x in zip(tensors, xs):
-    a = x.node.buffer.numpy().reshape(t.shape)
+    a = from_storage(x.node.buffer.numpy(), t.shape)
     out.append(np.asarray(a.view(np.uint16) if t.dtype == dt.bfloat16 else a, order="C"))   # keeps 0-d shapes
   return out
 

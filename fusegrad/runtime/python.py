@@ -92,7 +92,7 @@ class Interpreter:
       st = L[i]
       if isinstance(st, Loop):
         end = self.ends[i]
-        for it in range(st.var.hi + 1):
+        for it in range(st.var.hi + 1 if st.end is None else int(sym.evaluate(st.end, env))):
           env[st.var] = it
           self._run(i + 1, end, env, bufs, n)
         i = end + 1

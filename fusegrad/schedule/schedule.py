@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from fusegrad import config
-from fusegrad.graph import ops
+from fusegrad.graph import ops, dims
 from fusegrad.graph.node import Node
 from fusegrad.codegen.lower import analyze, build, is_param, param_value, param_values, Fixed, NeedsRealize
 from fusegrad.schedule import rules
@@ -84,13 +84,16 @@ def _structure(roots: list[Node]) -> tuple[tuple, list[Node]]:
   index = {id(n): i for i, n in enumerate(nodes)}
   flat: list = []
   push = flat.append
+  tagged = dims.bound_any[0]   # runtime sizes are keyed by their Variable too (graph/dims.py)
   for n in nodes:
     if n.buffer is not None:
       push("IN"); push(n.dtype); push(n.shape); push(n.device)
+      if tagged: push(dims.tags(n.shape))
       continue
     a, src = n.arg, n.src
     push(n.op); push(n.dtype); push(n.shape); push(n.device)
-    if n.op == "VIEW" and src[0].buffer is not None: push(_view_key(a))
+    if tagged: push(dims.tags(n.shape))
+    if n.op == "VIEW" and src[0].buffer is not None and not (tagged and dims.tags(src[0].shape)): push(_view_key(a))
     else: push(a if a is None or not isinstance(a, (bool, int, float)) else _PARAM if is_param(n) else _arg_key(a))
     push(len(src))
     for x in src: push(index[id(x)])
@@ -114,8 +117,9 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
       index[id(n)] = len(entries)
       src = tuple(index[id(s)] for s in n.src)
       arg = _PARAM if is_param(n) else \
-          _view_key(n.arg) if n.op == "VIEW" and entries[src[0]][0] == "IN" else _arg_key(n.arg)
-      entries.append((n.op, n.dtype, n.shape, n.device, arg, src))
+          _view_key(n.arg) if n.op == "VIEW" and entries[src[0]][0] == "IN" and not dims.tags(n.src[0].shape) else \
+          _arg_key(n.arg)
+      entries.append((n.op, n.dtype, n.shape, n.device, arg, src) + ((dims.tags(n.shape),) if dims.bound_any[0] else ()))
       nodes.append(n)
       continue
     if id(n) in index: continue
@@ -123,7 +127,7 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
     # values belong to the structure (a kernel cached for one constant must not serve another)
     if id(n) not in root_ids and (n.realized or (is_boundary(n) and n.op not in ("CONST", "IOTA"))):
       index[id(n)] = len(entries)
-      entries.append(("IN", n.dtype, n.shape, n.device, len(inputs)))
+      entries.append(("IN", n.dtype, n.shape, n.device, len(inputs)) + ((dims.tags(n.shape),) if dims.bound_any[0] else ()))
       nodes.append(n)
       inputs.append(n)
       continue

@@ -14,7 +14,7 @@ from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad import dtype as dt
 from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, Index, Gather, Alu, Const, Valid, Store,
-                                 REGISTER_KINDS, SHARED_KINDS, substitute_kernel, toposort, dependencies)
+                                 REGISTER_KINDS, SHARED_KINDS, substitute_kernel, toposort, dependencies, guard)
 from fusegrad.codegen.renderer.base import Caps
 
 K = AxisKind
@@ -84,13 +84,16 @@ def _split(k: Kernel, i: int, n: int, inner_kind: AxisKind) -> Kernel:
   """Axis i (size s) becomes outer (s // n, its kind) and inner (n, inner_kind) right after it: v = outer*n + inner.
   With n == s the axis is re-kinded in place."""
   a = k.axes[i]
-  if n == a.size: return replace(k, axes=k.axes[:i] + (Axis(a.var, inner_kind),) + k.axes[i + 1:])
+  if n == a.size: return replace(k, axes=k.axes[:i] + (Axis(a.var, inner_kind, a.end),) + k.axes[i + 1:])
   v = a.var
   taken = {x.var.name for x in k.axes}
   name = v.name
   while name + "o" in taken or name + "i" in taken: name += "_"
   vo, vi = sym.Var(name + "o", 0, a.size // n - 1), sym.Var(name + "i", 0, n - 1)
-  axes = k.axes[:i] + (Axis(vo, a.kind), Axis(vi, inner_kind)) + k.axes[i + 1:]
+  # a runtime end (ir.Axis.end) bounds the outer part: the blocks that hold an index below it (the inner part stays
+  # whole; the guards on the axis's variable keep the indices past the end computing nothing)
+  end = None if a.end is None else sym.div(a.end + (n - 1), n)
+  axes = k.axes[:i] + (Axis(vo, a.kind, end), Axis(vi, inner_kind)) + k.axes[i + 1:]
   return substitute_kernel(k, {v: sym.lin(vo) * n + vi}, {v: (vo, vi)}, axes)
 
 
@@ -217,33 +220,8 @@ def _padto(k, opt, a, caps):
   while name in taken: name += "_"
   vp = sym.Var(name, 0, new - 1)
   inside = sym.Cond.range(sym.lin(vp), 0, a.size)
-  k = substitute_kernel(k, {v: sym.lin(vp)}, {v: (vp,)}, k.axes[:opt.axis] + (Axis(vp, a.kind),) + k.axes[opt.axis + 1:])
-  return _guard(k, vp, inside)
-
-
-def _guard(k: Kernel, var: sym.Var, inside: sym.Cond) -> Kernel:
-  """Past the old size nothing is read (loads of every index that uses var are guarded), a reduction over var
-  adds its identity, and nothing is stored."""
-  memo: dict = {}
-  def g(v):
-    r = memo.get(id(v))
-    if r is not None: return r
-    if isinstance(v, Load) and var in sym.variables(v.idx): r = Load(v.buf, v.idx, v.valid & inside, v.dtype)
-    elif isinstance(v, Index) and var in sym.variables(v.idx): r = Index(v.idx, v.valid & inside, v.dtype)
-    elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(g(c) for c in v.src))
-    elif isinstance(v, Gather): r = Gather(v.buf, v.size, g(v.src), v.dtype)
-    elif isinstance(v, Reduce):
-      srcs = tuple(g(c) for c in (v.src,) + v.more)
-      if var in v.loops:
-        ident = Const(reduce_identity(v.op, v.dtype), v.dtype)
-        srcs = tuple(Alu("WHERE", v.dtype, (Valid(inside, dt.bool_), s, ident)) for s in srcs)
-      r = Reduce(v.op, v.dtype, v.loops, srcs[0], srcs[1:])
-    else: r = v
-    memo[id(v)] = r
-    return r
-  stores = tuple(Store(st.buf, st.idx, g(st.value), st.valid & inside if var in sym.variables(st.idx) else st.valid)
-                 for st in k.stores)
-  return replace(k, stores=stores)
+  k = substitute_kernel(k, {v: sym.lin(vp)}, {v: (vp,)}, k.axes[:opt.axis] + (Axis(vp, a.kind, a.end),) + k.axes[opt.axis + 1:])
+  return guard(k, vp, inside)
 
 
 def _reduces(k: Kernel) -> list:

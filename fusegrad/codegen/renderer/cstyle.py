@@ -186,7 +186,8 @@ class CStyleRenderer:
 
   def _loop(self, st: Loop, w: "_Walk") -> None:
     v = st.var
-    w.out(f"for ({self.index_type_of(w.k)} {v.name} = 0; {v.name} < {v.hi + 1}; {v.name}++) {{")
+    end = v.hi + 1 if st.end is None else self.idx(st.end)
+    w.out(f"for ({self.index_type_of(w.k)} {v.name} = 0; {v.name} < {end}; {v.name}++) {{")
     w.indent += "  "
 
   def _end(self, st: End, w: "_Walk") -> None:
