@@ -2,11 +2,13 @@
 Variable; the loops over such a dim end at its value (a kernel argument) and every load, reduction and store over
 it is guarded; buffers that hold such a dim are laid out at its bound, and `.numpy()` gives the logical values."""
 from __future__ import annotations
+import dataclasses
 import numpy as np
 import pytest
 import torch
 import fusegrad as fg
 from fusegrad.runtime import device as rd
+from fusegrad.schedule import schedule as sched
 from fusegrad.codegen.opt import Opt, OptOp
 from tests.unit.kernels import one_kernel, run
 
@@ -146,3 +148,47 @@ def test_jit_refuses_a_runtime_size():
 
   with pytest.raises(RuntimeError, match="Variable"):
     for _ in range(3): step(x, 5)
+
+
+def test_kernel_cache_serves_every_value_once_verified(rng):
+  """The lowering cache keys a runtime size by its Variable: the second value lowers once more to check that the
+  kernel does not depend on the value, later values lower nothing."""
+  xn = rng.standard_normal((8, 64)).astype(np.float32)
+  x = fg.Tensor(xn).realize()
+  V = fg.Variable("n_verified", 1, 64)   # a name of its own: cache entries of other tests are not this one's
+  f = lambda n: (x[:, :V.bind(n)].exp() * 3).sum(1)
+  f(10).numpy()
+  verified, calls = sched.stats["bound_verified"], []
+  real = sched._lower_judged
+  def counted(*a):
+    calls.append(1)
+    return real(*a)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(sched, "_lower_judged", counted)
+    for n in (11, 12, 40, 63):
+      np.testing.assert_allclose(f(n).numpy(), (np.exp(xn[:, :n]) * 3).sum(1), rtol=1e-5)
+  assert sched.stats["bound_verified"] == verified + 1
+  assert len(calls) == 1
+
+
+def test_kernel_cache_keys_by_value_when_lowering_depends_on_it(rng):
+  """Where lowering gives another kernel for another value (here made to), the entry is keyed by value from then on:
+  each value gets its own kernel, never another value's."""
+  xn = rng.standard_normal((4, 50)).astype(np.float32)
+  x = fg.Tensor(xn).realize()
+  V = fg.Variable("n_by_value", 1, 50)
+  real = sched._lower_judged
+  def by_value(roots, is_boundary):   # a lowering whose result names the runtime size's value
+    k, ins, params = real(roots, is_boundary)
+    sizes = [int(d) for n in roots for d in n.shape if type(d) is fg.graph.dims.BoundDim]
+    return dataclasses.replace(k, name=f"{k.name}_{'_'.join(map(str, sizes))}"), ins, params
+  before = sched.stats["bound_by_value"]
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(sched, "_lower_judged", by_value)
+    names = []
+    for n in (7, 8, 9, 7, 8):
+      with fg.track() as t:
+        np.testing.assert_allclose((x[:, :V.bind(n)] * 5).numpy(), xn[:, :n] * 5, rtol=1e-6)
+      names.append(t.kernels[-1].name)
+  assert sched.stats["bound_by_value"] == before + 1
+  assert names == [f"E_4_n_by_value_{n}" for n in (7, 8, 9, 7, 8)]

@@ -41,8 +41,17 @@ _WORK_COST = {**_OP_COST, "SIN": 16, "COS": 16, "TAN": 16, "ATAN": 16, "ATAN2": 
 OFFSET_BOUND = 1 << 48
 
 
-def param_value(n: Node):
-  """The value a Param slot bound to node n takes: a constant's, or a view's offset into its buffer."""
+class DimOf:
+  """An argument whose value is a runtime size (graph/dims.py): dim `axis` of `node`'s shape. A kernel cached by
+  structure (schedule._lower_cached) reads it from the graph at hand, never from the graph it was lowered for."""
+  __slots__ = ("node", "axis")
+  def __init__(self, node: Node, axis: int): self.node, self.axis = node, axis
+
+
+def param_value(n):
+  """The value a Param slot bound to node n takes: a constant's, a view's offset into its buffer, or a runtime
+  size (DimOf)."""
+  if type(n) is DimOf: return int(n.node.shape[n.axis])
   return n.arg.offset if n.op == "VIEW" else n.arg
 
 
@@ -92,21 +101,27 @@ def ravel(idx, shape) -> sym.Lin:
   return out
 
 
-def _per_dim(v, src_shape, idx) -> tuple | None:
-  """The index into the source of view v (at idx) dim by dim, when v only permutes, expands or adds and drops size-1
-  dims of its source's contiguous layout (None otherwise): no flat position divided back into dims, so a runtime
-  size (graph/dims.py) stays out of the index arithmetic."""
+def dim_map(v, src_shape) -> tuple | None:
+  """For each dim of view v, the dim of its source it reads (-1: none, a broadcast or size-1 dim), when v only
+  permutes, expands or adds and drops size-1 dims of its source's contiguous layout; None otherwise."""
   if v.offset: return None
-  src_strides = contiguous_strides(src_shape)
-  at = {st: j for j, st in enumerate(src_strides) if st}
+  at = {st: j for j, st in enumerate(contiguous_strides(src_shape)) if st}
+  out = []
+  for st, s in zip(v.strides, v.shape):
+    j = at.get(st, -2) if st else -1
+    if j == -2 or (j >= 0 and (j in out or s != src_shape[j])): return None
+    out.append(j)
+  return tuple(out) if len([j for j in out if j >= 0]) == len(at) else None
+
+
+def _per_dim(v, src_shape, idx) -> tuple | None:
+  """The index into the source of view v (at idx) dim by dim (dim_map), or None: no flat position divided back
+  into dims, so a runtime size (graph/dims.py) stays out of the index arithmetic."""
+  m = dim_map(v, src_shape)
+  if m is None: return None
   out = [sym.const(0)] * len(src_shape)
-  used = set()
-  for i, st in zip(idx, v.strides):
-    j = at.get(st) if st else None
-    if st and (j is None or j in used): return None
-    if st: used.add(j); out[j] = i
-  if len(used) != len(at): return None
-  if any(v.shape[i] != src_shape[at[st]] for i, st in enumerate(v.strides) if st): return None
+  for i, j in zip(idx, m):
+    if j >= 0: out[j] = i
   return tuple(out)
 
 
@@ -160,13 +175,14 @@ class _Builder:
     slot = self._slot(("residual", value), None, value)
     return sym.ArgVar(f"p{slot}", -OFFSET_BOUND, OFFSET_BOUND, slot)
 
-  def dim_var(self, name: str, size) -> sym.Var | None:
-    """The loop variable of a dim (None for a plain dim of size 1). A runtime size (graph/dims.BoundDim) loops
-    over its Variable's bound; its value is an argument (one per Variable and value) that ends the loop and
+  def dim_var(self, name: str, n: Node, axis: int) -> sym.Var | None:
+    """The loop variable of dim `axis` of n (None for a plain dim of size 1). A runtime size (graph/dims.BoundDim)
+    loops over its Variable's bound; its value is an argument (one per Variable and value) that ends the loop and
     guards it (build)."""
+    size = n.shape[axis]
     if not dims.is_bound(size): return sym.Var(name, 0, size - 1) if size > 1 else None
     v = sym.Var(name, 0, size.var.hi - 1)
-    slot = self._slot(("dim", size.var, int(size)), None, int(size))
+    slot = self._slot(("dim", size.var, int(size)), DimOf(n, axis))
     self.ends[v] = sym.ArgVar(f"p{slot}", size.var.lo, size.var.hi, slot)
     return v
 
@@ -240,7 +256,7 @@ class _Builder:
       src = n.src[0]
       loops, new_idx = [], list(idx)
       for a in axes:
-        v = self.dim_var(f"r{self.nloop}", src.shape[a]) or sym.Var(f"r{self.nloop}", 0, 0)
+        v = self.dim_var(f"r{self.nloop}", src, a) or sym.Var(f"r{self.nloop}", 0, 0)
         self.nloop += 1
         loops.append(v)
         new_idx[a] = sym.lin(v)
@@ -326,7 +342,7 @@ def analyze(outputs: list[Node], is_boundary, on_expand=None, on_pad=None) -> Fu
   names a reason to cut a broadcast source (`on_pad`: a source read through padding)."""
   shape = outputs[0].shape
   b = _Builder(outputs, is_boundary, on_expand, on_pad)
-  ovars = tuple(b.dim_var(f"o{d}", s) for d, s in enumerate(shape))
+  ovars = tuple(b.dim_var(f"o{d}", outputs[0], d) for d in range(len(shape)))
   oidx = tuple(sym.lin(v) if v is not None else sym.const(0) for v in ovars)
   vals = [b.ev(n, oidx, sym.TRUE) for n in outputs]
   # the canonical kernel has one set of REDUCE axes per reduction
@@ -354,7 +370,7 @@ def build(f: Fusion) -> tuple[Kernel, list[Node]]:
   name = f"{kind}_{'_'.join(str(s) for s in dims.dim_key(shape)) or 'scalar'}"
   flops, weighted = _estimate_flops(vals, gsize, gvars)
   k = Kernel(name, bufs, tuple(axes), stores, flops, cost=weighted + sum(b.size for b in bufs),
-             params=tuple(dt.int64 if n is None or n.op == "VIEW" else n.dtype for n in b.params),
+             params=tuple(dt.int64 if n is None or type(n) is DimOf or n.op == "VIEW" else n.dtype for n in b.params),
              example=tuple(b.residuals[i] if n is None else param_value(n) for i, n in enumerate(b.params)))
   # a runtime-sized dim computes nothing past its size (its loop also ends there: Axis.end)
   for v, end in ends.items(): k = guard(k, v, sym.Cond.range(sym.lin(v) - end, sym.bounds(sym.lin(v) - end)[0], 0))

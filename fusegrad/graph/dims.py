@@ -92,6 +92,16 @@ def merge(nodes) -> tuple:
   return tuple(shape)
 
 
+def shape_key(shape) -> tuple:
+  """A shape as a kernel's cache key sees it: a runtime size by its Variable, not its value."""
+  return tuple(d.var if type(d) is BoundDim else d for d in shape)
+
+
+def values(shape) -> tuple:
+  """The values of a shape's runtime sizes."""
+  return tuple(int(d) for d in shape if type(d) is BoundDim)
+
+
 def dim_key(shape) -> tuple:
   """A shape as a name part: bound dims by their Variable's name."""
   return tuple(d.var.name if type(d) is BoundDim else int(d) for d in shape)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from fusegrad import config
 from fusegrad.graph import ops, dims
 from fusegrad.graph.node import Node
-from fusegrad.codegen.lower import analyze, build, is_param, param_value, param_values, Fixed, NeedsRealize
+from fusegrad.codegen.lower import (analyze, build, dim_map, is_param, param_value, param_values, DimOf, Fixed,
+                                    NeedsRealize)
 from fusegrad.schedule import rules
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
 
@@ -57,6 +58,17 @@ _PARAM = ("param",)   # a kernel argument's place in a structure: its value is b
 def _view_key(v) -> tuple:
   """A view over a buffer, keyed without its offset: lowering makes the offset a kernel argument."""
   return ("view", v.shape, v.strides, v.mask)
+
+
+def _bound_view_key(v, src: Node, leaf: bool) -> tuple:
+  """A view keyed with its runtime sizes by their Variable (the rest, strides and masks included, by value),
+  without its offset where lowering makes that an argument (a view of a plain leaf: _view_key), and by the dims it
+  maps where its source has runtime sizes and lowering maps it dim by dim (lower.dim_map: its strides hold them)."""
+  if dims.tags(src.shape):
+    m = dim_map(v, src.shape)
+    if m is not None: return ("view", dims.shape_key(v.shape), m, v.mask)
+    return ("view", dims.shape_key(v.shape), v.strides, v.offset, v.mask)
+  return ("view", dims.shape_key(v.shape), v.strides, None if leaf else v.offset, v.mask)
 
 
 def _arg_key(arg):
@@ -110,6 +122,8 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
   index: dict[int, int] = {}
   entries, nodes, inputs = [], [], []
   root_ids = {id(r) for r in roots}
+  bound = dims.bound_any[0]
+  shape_of = dims.shape_key if bound else (lambda s: s)   # runtime sizes by their Variable (_lower_cached)
   stack = [(r, False) for r in reversed(roots)]
   while stack:
     n, done = stack.pop()
@@ -117,9 +131,9 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
       index[id(n)] = len(entries)
       src = tuple(index[id(s)] for s in n.src)
       arg = _PARAM if is_param(n) else \
-          _view_key(n.arg) if n.op == "VIEW" and entries[src[0]][0] == "IN" and not dims.tags(n.src[0].shape) else \
-          _arg_key(n.arg)
-      entries.append((n.op, n.dtype, n.shape, n.device, arg, src) + ((dims.tags(n.shape),) if dims.bound_any[0] else ()))
+          _bound_view_key(n.arg, n.src[0], entries[src[0]][0] == "IN") if bound and n.op == "VIEW" \
+          else _view_key(n.arg) if n.op == "VIEW" and entries[src[0]][0] == "IN" else _arg_key(n.arg)
+      entries.append((n.op, n.dtype, shape_of(n.shape), n.device, arg, src))
       nodes.append(n)
       continue
     if id(n) in index: continue
@@ -127,7 +141,7 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
     # values belong to the structure (a kernel cached for one constant must not serve another)
     if id(n) not in root_ids and (n.realized or (is_boundary(n) and n.op not in ("CONST", "IOTA"))):
       index[id(n)] = len(entries)
-      entries.append(("IN", n.dtype, n.shape, n.device, len(inputs)) + ((dims.tags(n.shape),) if dims.bound_any[0] else ()))
+      entries.append(("IN", n.dtype, shape_of(n.shape), n.device, len(inputs)))
       nodes.append(n)
       inputs.append(n)
       continue
@@ -137,7 +151,8 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
 
 
 # work counters, read by tests that bound how much scheduling a graph costs (never by the scheduler itself)
-stats = {"lower_calls": 0, "nodes_walked": 0, "schedule_hits": 0, "schedule_misses": 0, "replays": 0}
+stats = {"lower_calls": 0, "nodes_walked": 0, "schedule_hits": 0, "schedule_misses": 0, "replays": 0,
+         "bound_verified": 0, "bound_by_value": 0}
 
 
 def lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], list[Node]]:
@@ -150,20 +165,70 @@ def _lower_cached(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], l
   stats["lower_calls"] += 1
   stats["nodes_walked"] += len(nodes)
   hit = _lower_cache.get(key)
+  if dims.bound_any[0] and hit is not None:
+    hit = _bound_hit(key, hit, roots, is_boundary, inputs, nodes)
   if hit is None:
-    try:
-      k, ins, params = _lower_judged(roots, is_boundary)
-      pos = {id(x): i for i, x in enumerate(inputs)}
-      at = {id(x): i for i, x in enumerate(nodes)}
-      hit = ("ok", k, tuple(pos[id(x)] for x in ins), tuple(None if x is None else at[id(x)] for x in params))
-    except NeedsRealize as e:
-      hit = ("cut", nodes.index(e.node), e.why)
+    hit = _lower_entry(roots, is_boundary, inputs, nodes)
     _lower_cache[key] = hit
     if len(_lower_cache) > LOWER_CACHE_SIZE: _lower_cache.popitem(last=False)
   else:
     _lower_cache.move_to_end(key)
   if hit[0] == "cut": raise NeedsRealize(nodes[hit[1]], hit[2])
-  return hit[1], [inputs[i] for i in hit[2]], [None if i is None else nodes[i] for i in hit[3]]
+  return hit[1], [inputs[i] for i in hit[2]], [_param_node(i, nodes) for i in hit[3]]
+
+
+def _lower_entry(roots, is_boundary, inputs, nodes) -> tuple:
+  """A lowering cache entry: ("ok", kernel, input positions, argument specs, runtime sizes, verified) or ("cut",
+  node position, why, runtime sizes, verified); positions are in the signature walk's nodes."""
+  sizes = _sizes(nodes)
+  try:
+    k, ins, params = _lower_judged(roots, is_boundary)
+    pos = {id(x): i for i, x in enumerate(inputs)}
+    at = {id(x): i for i, x in enumerate(nodes)}
+    specs = tuple(None if x is None else ("dim", at[id(x.node)], x.axis) if type(x) is DimOf else at[id(x)]
+                  for x in params)
+    return ("ok", k, tuple(pos[id(x)] for x in ins), specs, sizes, False)
+  except NeedsRealize as e:
+    return ("cut", nodes.index(e.node), e.why, sizes, False)
+
+
+def _sizes(nodes) -> tuple:
+  """The values of the runtime sizes (graph/dims.py) in the walk's nodes, in walk order."""
+  if not dims.bound_any[0]: return ()
+  return tuple(v for n in nodes for v in dims.values(n.shape))
+
+
+def _bound_hit(key, hit, roots, is_boundary, inputs, nodes):
+  """A cache entry keyed with runtime sizes by their Variable serves every value only if lowering does not depend
+  on the value: the first time another value meets an entry, it is lowered again and compared. The same kernel (and
+  the same cut): the entry is verified and serves every value from then on. Another one: the entry is keyed by
+  value from then on ("by value": each value its own entry)."""
+  if hit[0] == "byvalue":
+    vkey = key + (_sizes(nodes),)
+    h = _lower_cache.get(vkey)
+    if h is None:
+      h = _lower_cache[vkey] = _lower_entry(roots, is_boundary, inputs, nodes)
+      if len(_lower_cache) > LOWER_CACHE_SIZE: _lower_cache.popitem(last=False)
+    return h
+  n = 4 if hit[0] == "ok" else 3
+  if hit[n + 1] or not hit[n] or hit[n] == _sizes(nodes): return hit
+  fresh = _lower_entry(roots, is_boundary, inputs, nodes)
+  if fresh[:n] == hit[:n]:
+    hit = hit[:n + 1] + (True,)
+    stats["bound_verified"] += 1
+  else:
+    _lower_cache[key + (hit[n],)] = hit
+    _lower_cache[key + (fresh[n],)] = hit = fresh
+    _lower_cache[key] = ("byvalue",)
+    stats["bound_by_value"] += 1
+    return hit
+  _lower_cache[key] = hit
+  return hit
+
+
+def _param_node(spec, nodes):
+  if spec is None: return None
+  return DimOf(nodes[spec[1]], spec[2]) if type(spec) is tuple else nodes[spec]
 
 
 def _lower_judged(roots: list[Node], is_boundary) -> tuple[Kernel, list[Node], list[Node]]:
@@ -209,13 +274,14 @@ class CachedSchedule:
 
 def bind_params(specs, nodes: list) -> list:
   """A cached schedule's argument specs (_param_spec) as ScheduleItem.params for the walk's nodes."""
-  return [i if i is None or isinstance(i, Fixed) else nodes[i] for i in specs]
+  return [i if i is None or isinstance(i, Fixed) else _param_node(i, nodes) for i in specs]
 
 
 def _param_spec(x, pos: dict):
   """How a cached schedule finds an argument's value again: a walk position, None (the kernel's own), or the value
   itself (a node the rewrite made: the same structure makes it with the same value)."""
   if x is None: return None
+  if type(x) is DimOf: return ("dim", pos[id(x.node)], x.axis) if id(x.node) in pos else Fixed(param_value(x))
   return pos[id(x)] if id(x) in pos else Fixed(param_value(x))
 
 
