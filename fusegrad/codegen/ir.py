@@ -28,12 +28,21 @@ class AxisKind(enum.Enum):
                                  # into local memory (codegen/passes.stage), once per iteration of the loops outside
   UPCAST = "upcast"              # expanded in registers: one value (vector lane) per index
   UNROLL = "unroll"              # a reduction's loop expanded in registers, updates in order
+  # a tensor core's tile (codegen/opt/tc.py, OptOp.TC): the M, N and K parts of one tile, no loop: their indices are
+  # spread over the lanes of a warp and the elements of each lane's fragments (codegen/passes.tensor_core)
+  TC_M = "tc_m"
+  TC_N = "tc_n"
+  TC_K = "tc_k"
+  WARP = "warp"                  # the lanes of the warp that computes a tensor core's tile together: a work-group
+                                 # dimension of tc.threads items, the innermost (lane = lidx % threads)
 
 
 # the kinds expanded into registers by codegen/passes.expand (no loop remains of them)
 REGISTER_KINDS = frozenset({AxisKind.UPCAST, AxisKind.UNROLL})
 # the kinds bound to the work-group's one shared index (codegen/passes.bind)
 SHARED_KINDS = (AxisKind.GROUP_REDUCE, AxisKind.GROUP_LOOP)
+# a tensor core's tile axes, replaced by its fragments' lanes and elements (codegen/passes.tensor_core)
+TC_KINDS = (AxisKind.TC_M, AxisKind.TC_N, AxisKind.TC_K)
 
 
 @dataclass(frozen=True)
@@ -240,6 +249,20 @@ class Gep(Val):
   dtype: DType
 
 
+@dataclass(frozen=True, eq=True)
+class Mma(Val):
+  """A warp's matrix multiply-accumulate on a tensor core (codegen/opt/tc.py; made by codegen/passes.tensor_core):
+  every lane of the warp holds `a`, `b` and `c` as vectors of its fragments' elements (element e of lane l is the
+  matrix position tc.a[l][e], tc.b[l][e], tc.c[l][e]); the result is the lane's fragment of D = A @ B + C, made by
+  the warp's lanes together, so every lane must reach it (no value under a lane's own condition). The lane is the
+  work item's index along the kernel's WARP axis."""
+  tc: object             # codegen/opt/tc.TensorCore
+  a: Val                 # vec(tc.dtype_in, elements of A per lane)
+  b: Val
+  c: Val                 # vec(tc.dtype_acc, elements of C per lane)
+  dtype: VecDType        # the lane's D fragment
+
+
 @dataclass(frozen=True)
 class BufferArg:
   dtype: DType
@@ -270,6 +293,7 @@ class Kernel:
   # the arguments' values where the kernel was first lowered (for a search's trial runs: an index argument must
   # keep reads in bounds); not part of what the kernel is
   example: tuple = field(default=(), compare=False, repr=False)
+  tensor_core: object = None   # the codegen/opt/tc.TensorCore whose tile the TC_M/TC_N/TC_K axes hold (OptOp.TC)
 
   def of_kind(self, *kinds) -> tuple:
     return tuple(a for a in self.axes if a.kind in kinds)
@@ -290,8 +314,9 @@ class Kernel:
 
   @property
   def local_dims(self) -> tuple:
-    """The work-group's dims: its LOCAL axes, then the shared axis."""
-    return tuple(a.size for a in self.of_kind(AxisKind.LOCAL)) + ((self.shared_size,) if self.shared_size else ())
+    """The work-group's dims: its LOCAL axes, then the shared axis, then the lanes of a warp (WARP, innermost)."""
+    return tuple(a.size for a in self.of_kind(AxisKind.LOCAL)) + ((self.shared_size,) if self.shared_size else ()) + \
+        tuple(a.size for a in self.of_kind(AxisKind.WARP))
 
   @property
   def groups(self) -> int:
@@ -335,6 +360,7 @@ def children(v: Val) -> tuple:
   if isinstance(v, Gep): return (v.src,)
   if isinstance(v, Reduce): return (v.src,) + v.more
   if isinstance(v, (Gather, GroupReduce, LocalLoad)): return (v.src,)
+  if isinstance(v, Mma): return (v.a, v.b, v.c)
   return ()
 
 
@@ -376,16 +402,17 @@ def dependencies(roots) -> dict:
     elif isinstance(v, GroupReduce): d = (deps[id(v.src)] | sym.variables(v.mine)) - {v.var}
     else:
       d = set()
-      for c in v.src: d |= deps[id(c)]
+      for c in children(v): d |= deps[id(c)]
     deps[id(v)] = frozenset(d)
   return deps
 
 
-def substitute(roots, env: dict, loops: dict | None = None) -> list:
+def substitute(roots, env: dict, loops: dict | None = None, replaced: dict | None = None) -> list:
   """The value DAG with index variables replaced (sym.substitute on every index and condition); `loops` maps a
-  reduction's loop variable to the variables that replace it in its loops (an axis split in two)."""
+  reduction's loop variable to the variables that replace it in its loops (an axis split in two); `replaced` maps
+  id(value) to the value that stands for it, taken as it is (a reduction's result computed another way)."""
   loops = loops or {}
-  memo: dict = {}
+  memo: dict = dict(replaced or {})
   def sub(v):
     r = memo.get(id(v))
     if r is not None: return r
@@ -396,6 +423,7 @@ def substitute(roots, env: dict, loops: dict | None = None) -> list:
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, sub(v.src), v.dtype)
     elif isinstance(v, Vectorize): r = Vectorize(tuple(sub(c) for c in v.src), v.dtype)
     elif isinstance(v, Gep): r = Gep(sub(v.src), v.lane, v.dtype)
+    elif isinstance(v, Mma): r = Mma(v.tc, sub(v.a), sub(v.b), sub(v.c), v.dtype)
     elif isinstance(v, Stage):
       r = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.over, v.dtype, v.layout, v.inner)
     elif isinstance(v, LocalLoad): r = LocalLoad(sub(v.src), sym.substitute(v.idx, env), v.dtype)

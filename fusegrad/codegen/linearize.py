@@ -206,7 +206,7 @@ def format_listing(listing: list) -> str:
     elif isinstance(st, End): ind = ind[:-2]
     elif isinstance(st, Let):
       v = st.val
-      what = type(v).__name__ + (f" {v.op}" if hasattr(v, "op") else "")
+      what = type(v).__name__ + (f" {v.op}" if hasattr(v, "op") else f" {v.tc.name}" if hasattr(v, "tc") else "")
       extra = f" b{v.buf}[{v.idx!r}]" if hasattr(v, "idx") and hasattr(v, "buf") else \
           f" b{v.buf}" if hasattr(v, "buf") else f" {v.value!r}" if hasattr(v, "value") else \
           f" p{v.slot}" if hasattr(v, "slot") else ""

@@ -6,17 +6,21 @@ loop); an upcast reduction axis becomes several accumulators folded after the lo
 becomes several updates of one accumulator per iteration, in the loop's order.
 
 bind: GLOBAL axes are derived from one flat work-item index `gidx` (the first GLOBAL axis outermost), LOCAL
-axes and the shared axis (every GROUP_REDUCE and GROUP_LOOP axis: one index) from the flat index `lidx` within a
-work-group; index expressions over them simplify.
+axes, the shared axis (every GROUP_REDUCE and GROUP_LOOP axis: one index) and a warp's lanes (WARP, innermost) from
+the flat index `lidx` within a work-group; index expressions over them simplify.
+
+tensor_core: a tensor core's tile (OptOp.TC: TC_M/TC_N/TC_K axes and a WARP axis) becomes the warp's ir.Mma over
+fragments read through the tensor core's layouts; it runs first, so the register axes expand copies it.
 """
 from __future__ import annotations
 import itertools
 from dataclasses import replace
 from fusegrad.graph import symbolic as sym
 from fusegrad import dtype as dt
-from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, SHARED_KINDS, Val, Stage, LocalLoad, Reduce,
-                                 GroupReduce, Load, Index, Valid, Gather, Alu, Store, Vectorize, Gep, VecDType, vec,
-                                 children, dependencies, toposort, substitute_kernel, axis_variables)
+from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, SHARED_KINDS, TC_KINDS, Val, Stage, LocalLoad,
+                                 Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store, Vectorize, Gep, VecDType,
+                                 vec, Mma, Const, children, dependencies, toposort, substitute, substitute_kernel,
+                                 axis_variables)
 
 K = AxisKind
 # how the partial accumulators of an upcast reduction axis combine
@@ -48,6 +52,9 @@ def expand(k: Kernel, caps=None) -> Kernel:
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, at(v.src, env), v.dtype)
     elif isinstance(v, LocalLoad): r = LocalLoad(v.src, sym.substitute(v.idx, senv), v.dtype)
     elif isinstance(v, Reduce): r = _expand_reduce(v, env)
+    elif isinstance(v, Vectorize): r = Vectorize(tuple(at(c, env) for c in v.src), v.dtype)
+    elif isinstance(v, Gep): r = Gep(at(v.src, env), v.lane, v.dtype)
+    elif isinstance(v, Mma): r = Mma(v.tc, at(v.a, env), at(v.b, env), at(v.c, env), v.dtype)
     else: r = v
     memo[key] = r
     return r
@@ -97,6 +104,7 @@ def vector_axis(k: Kernel, caps, deps: dict):
   cands = [a.var for a in k.axes if a.kind is K.UPCAST and a.size in widths]
   if not cands: return None
   vals = toposort([st.value for st in k.stores])
+  if any(isinstance(v, Mma) for v in vals): return None   # a tensor core's fragments are vectors of their own
   idxs = [x.idx for x in vals if isinstance(x, (Load, LocalLoad))] + [st.idx for st in k.stores]
   u = max(reversed(cands), key=lambda c: sum(_stride(i, c) == 1 for i in idxs))
   on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
@@ -314,7 +322,7 @@ def bind(k: Kernel) -> tuple[Kernel, sym.Var, sym.Var | None]:
   """(k with GLOBAL and LOCAL axes written over the flat indices, the gidx Var, the lidx Var or None)."""
   glob = [a.var for a in k.of_kind(K.GLOBAL)]
   shared = [a.var for a in k.of_kind(*SHARED_KINDS)]
-  loc = [a.var for a in k.of_kind(K.LOCAL)] + shared[:1]
+  loc = [a.var for a in k.of_kind(K.LOCAL)] + shared[:1] + [a.var for a in k.of_kind(K.WARP)]
   gidx = sym.Var(GIDX, 0, max(k.groups - 1, 0))
   lidx = sym.Var(LIDX, 0, k.local_size[0] - 1) if loc else None
   env: dict = {}
@@ -322,3 +330,40 @@ def bind(k: Kernel) -> tuple[Kernel, sym.Var, sym.Var | None]:
     if vs: env.update(zip(vs, sym.unravel(sym.lin(flat), tuple(v.hi + 1 for v in vs))))
   for v in shared[1:]: env[v] = env[shared[0]]   # one shared index: the group's reductions and output loops
   return substitute_kernel(k, env), gidx, lidx
+
+
+def tensor_core(k: Kernel) -> Kernel:
+  """A tensor core's tile (OptOp.TC) as the warp's matrix multiply-accumulate: the reduction over K (its TC_K part)
+  becomes one ir.Mma per step of its other loops, whose A and B fragments are the product's two loads read at each
+  lane's (row, col) of the tensor core's layouts (the TC_M/TC_K or TC_K/TC_N variables replaced by index expressions
+  of the lane, codegen/opt/tc.lane_exprs), summed into a vector accumulator of the lane's D fragment. Every store over
+  M or N becomes one store per element of that fragment, at its (row, col) of C's layout, with the reduction's value
+  that element (Gep): each lane writes the outputs it holds, and the epilogue (a bias, a cast) runs on them."""
+  tc = k.tensor_core
+  if tc is None or not k.of_kind(*TC_KINDS): return k
+  from fusegrad.codegen.opt.tc import product_loads, lane_exprs
+  (m,), (n,), (kk,), (lane,) = ([a.var for a in k.of_kind(kd)] for kd in TC_KINDS + (K.WARP,))
+  roots = [st.value for st in k.stores]
+  r = next(v for v in toposort(roots) if isinstance(v, Reduce) and kk in v.loops)
+  loads = product_loads(r.src, tc)
+  if isinstance(loads, str): raise AssertionError(f"tensor_core: {loads} in kernel {k.name}")   # OptOp.TC checked it
+  la, lb = loads if m in axis_variables(loads[0].idx) | loads[0].valid.variables() else loads[::-1]
+  def fragment(ld, layout, row, col):
+    vals = [substitute([ld], {row: re, col: ce})[0] for re, ce in lane_exprs(layout, lane)]
+    return Vectorize(tuple(vals), vec(ld.dtype, len(vals)))
+  acc, nc = tc.dtype_acc, len(tc.c[0])
+  zero = Vectorize((Const(0.0, acc),) * nc, vec(acc, nc))
+  d = Mma(tc, fragment(la, tc.a, m, kk), fragment(lb, tc.b, kk, n), zero, vec(acc, nc))
+  loops = tuple(x for x in r.loops if x != kk)
+  # a renderer spells SUM(acc, Mma(a, b, 0)) as the Mma accumulating into acc (its C operand)
+  total = Reduce("SUM", vec(acc, nc), loops, d) if loops else d
+  stores = []
+  for st in k.stores:
+    if not (dependencies([st.value])[id(st.value)] | sym.variables(st.idx) | st.valid.variables()) & {m, n}:
+      stores.append(st)
+      continue
+    for e, (re, ce) in enumerate(lane_exprs(tc.c, lane)):
+      env = {m: re, n: ce}
+      val = substitute([st.value], env, replaced={id(r): Gep(total, e, acc)})[0]
+      stores.append(Store(st.buf, sym.substitute(st.idx, env), val, st.valid.substitute(env)))
+  return replace(k, stores=tuple(stores), axes=tuple(a for a in k.axes if a.kind not in TC_KINDS))

@@ -2,8 +2,8 @@
 (Device.compiled) and the search both call it, so what is searched is what runs.
 
   optimize(k, caps, opts)  the actions (the device's heuristic when opts is None) applied: codegen/opt
-  prepare(k, caps, ...)    optimized, tiles staged in local memory, register axes expanded, work items bound,
-                           linearized
+  prepare(k, caps, ...)    optimized, a tensor core's tile made the warp's Mma, tiles staged in local memory,
+                           register axes expanded, work items bound, linearized
 """
 from __future__ import annotations
 from dataclasses import dataclass
@@ -28,5 +28,5 @@ def optimize(k: Kernel, caps: Caps, opts=None) -> Kernel:
 
 def prepare(k: Kernel, caps: Caps, opts=None) -> Prepared:
   ko = optimize(k, caps, opts)
-  ke, _, _ = passes.bind(passes.group(passes.expand(passes.stage(ko), caps)))
+  ke, _, _ = passes.bind(passes.group(passes.expand(passes.stage(passes.tensor_core(ko)), caps)))
   return Prepared(ke, linearize(ke), ko.opts)

@@ -231,9 +231,11 @@ class Device:
     """Optimized and rendered (an interpreter's listing is its program already)."""
     from fusegrad.codegen.pipeline import prepare
     from fusegrad.codegen.linearize import format_listing
+    from fusegrad.codegen.renderer.base import check_spellable
     p = prepare(kernel, self.caps, opts)
     if self.renderer is None:
       return Compiled(self.compile_listing(p.kernel, p.listing), format_listing(p.listing), p.kernel, p.opts)
+    check_spellable(self.renderer, p.listing)
     return Compiled(None, self.renderer.render(p.kernel, p.listing), p.kernel, p.opts)
 
   def _with_program(self, c: "Compiled") -> "Compiled":

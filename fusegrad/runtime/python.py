@@ -2,16 +2,21 @@
 
 It runs the very listing the C and OpenCL renderers print, vectorized over all work items at once
 (each value is an array over the flat parallel index) with Python loops for the sequential ones.
-It shares their semantics: 16-bit floats compute in float32, integer division by zero gives 0.
+It shares their semantics: 16-bit floats compute in float32, integer division by zero gives 0. It also runs what
+no renderer spells yet: a tensor core's warp-level matrix multiply-accumulate (ir.Mma), for any entry of
+codegen/opt/tc.py's table the device is told to emulate (PythonDevice.emulate).
 """
 from __future__ import annotations
+import contextlib
+import functools
+from dataclasses import replace
 import numpy as np
 from fusegrad import dtype as dt
 from fusegrad.graph import ops, symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
 from fusegrad.codegen.ir import (tree_top, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu,
-                                 Vectorize, Gep, VecDType)
+                                 Vectorize, Gep, VecDType, Mma)
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen import passes
@@ -49,6 +54,49 @@ def _cast(x, d: dt.DType):
       if d.itemsize < 8 or d.is_unsigned:  # go through int64 so out-of-range values wrap like C would
         return np.trunc(x).astype(np.int64).astype(d.np)
     return x.astype(d.np)
+
+
+def tf32_round(x):
+  """float32 values rounded to tf32 (10 mantissa bits; nearest, ties away from zero: cvt.rna.tf32.f32), as float32."""
+  x = np.asarray(x, dtype=np.float32)
+  u = x.view(np.uint32).astype(np.uint64)
+  r = ((u + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+  return np.where(np.isfinite(x), r, x)
+
+
+# how a tensor core reads its multiplicands (codegen/opt/tc.INPUT_FORMATS), from the float32 registers that hold them
+_TC_INPUT = {"f16": lambda x: _cast(x, dt.float16), "bf16": bf16_round_trip, "tf32": tf32_round}
+
+
+@functools.lru_cache(maxsize=None)
+def _positions(layout: tuple) -> tuple:
+  """(rows, cols): [lanes, elements] arrays of a fragment layout's matrix positions."""
+  a = np.array(layout, dtype=np.int64)
+  return a[..., 0], a[..., 1]
+
+
+def mma(tc, a, b, c, n: int) -> np.ndarray:
+  """ir.Mma over n work items (whole warps of tc.threads consecutive items, lane = item % threads): each warp's
+  fragments gathered into A, B and C by the tensor core's layouts, the multiplicands rounded as the unit reads them,
+  D = A @ B + C summed in float64 (the products of 16-bit or tf32 values are exact there) and rounded once to float32
+  (the hardware's order and precision of accumulation are not specified; this is their ideal), scattered back into
+  each lane's D fragment: [n, elements of C]."""
+  t = tc.threads
+  M, N, K = tc.dims
+  def gather(x, layout, rows, cols, fmt=None):
+    e = len(layout[0])
+    x = np.broadcast_to(np.asarray(x, dtype=np.float32), (n, e)).reshape(n // t, t, e)
+    if fmt is not None: x = _TC_INPUT[fmt](x)
+    out = np.zeros((n // t, rows, cols), dtype=np.float64)
+    r, cc = _positions(layout)
+    out[:, r, cc] = x
+    return out
+  A = gather(a, tc.a, M, K, tc.input_format)
+  B = gather(b, tc.b, K, N, tc.input_format)
+  C = gather(c, tc.c, M, N)
+  D = (A @ B + C).astype(np.float32)
+  r, cc = _positions(tc.c)
+  return D[:, r, cc].reshape(n, len(tc.c[0]))
 
 
 _FOLD = {"SUM": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum}
@@ -172,6 +220,9 @@ class Interpreter:
           for i in range(min(s, len(vals) - s)): vals[i] = fn(vals[i], vals[i + s])
           s //= 2
       return vals[0].astype(_reg(v.dtype), copy=False)
+    if isinstance(v, Mma):
+      if n % v.tc.threads: raise AssertionError(f"Mma over {n} work items: not whole warps of {v.tc.threads}")
+      return mma(v.tc, a[0], a[1], a[2], n)
     if isinstance(v, Alu):
       if v.op == "CAST": return _cast(a[0], v.dtype)
       info = ops.ALU[v.op]
@@ -194,6 +245,24 @@ class PythonDevice(Device):
                       vector_registers=regs, native_lanes=lanes)
   @property
   def caps(self): return self._caps
+
+  @contextlib.contextmanager
+  def emulate(self, tensor_cores):
+    """Inside the block the device declares these tensor cores (codegen/opt/tc.py records, or an architecture of its
+    TENSOR_CORES table such as "sm_80") in its caps, so the TC action, its heuristic and the search run here on the
+    interpreter's exact emulation; no GPU needed. Kernels compiled before the block (or in it) are compiled again
+    after it: the caps are no part of a compiled kernel's key. Not for threads that compile meanwhile."""
+    from fusegrad.codegen.opt.tc import TENSOR_CORES
+    cores = TENSOR_CORES[tensor_cores] if isinstance(tensor_cores, str) else tuple(tensor_cores)
+    old = self._caps
+    with self.cache_lock: self.by_kernel.clear()
+    self._caps = replace(old, tensor_cores=cores)
+    try:
+      yield self
+    finally:
+      self._caps = old
+      with self.cache_lock: self.by_kernel.clear()
+
   def alloc(self, nbytes: int): return np.zeros(max(nbytes, 1), dtype=np.uint8)
   def copyin(self, handle, src: np.ndarray) -> None: handle[:src.nbytes] = src
   def copyout(self, dst: np.ndarray, handle) -> None: dst[:] = handle[:dst.nbytes]

@@ -5,7 +5,8 @@ actions, and Kernel.opts records the ones applied.
 
 Every action keeps the kernel's meaning: it splits an axis (v = outer * n + inner), re-kinds it, reorders
 axes or pads one; a result can change only by float reassociation (an UPCAST of a reduction axis keeps
-several accumulators and folds them at the end).
+several accumulators and folds them at the end), and under TC by the tensor core's rounding of its multiplicands
+(none for 16-bit floats, which it multiplies exactly; tf32 keeps 10 bits of a float32's mantissa).
 """
 from __future__ import annotations
 import enum
@@ -14,7 +15,9 @@ from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad import dtype as dt
 from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, Index, Gather, Alu, Const, Valid, Store,
-                                 REGISTER_KINDS, SHARED_KINDS, substitute_kernel, toposort, dependencies, guard)
+                                 REGISTER_KINDS, SHARED_KINDS, substitute_kernel, toposort, dependencies, guard,
+                                 axis_variables)
+from fusegrad.codegen.opt import tc as tcs
 from fusegrad.codegen.renderer.base import Caps
 
 K = AxisKind
@@ -30,6 +33,8 @@ class OptOp(enum.Enum):
   PADTO = "padto"      # round the axis's size up to a multiple of `arg`; the extra indices compute nothing
   LOOP = "loop"        # split off `arg` indices of a GLOBAL axis as a sequential loop inside each work item
   STAGE = "stage"      # split off `arg` indices of a reduction axis as a tile the work-group copies to local memory
+  TC = "tc"            # the kernel's matmul on tensor core caps.tensor_cores[arg] (codegen/opt/tc.py), `axis` its
+                       # reduction axis K: one warp per tile (_tc)
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ def _local(k, opt, a, caps):
   _need(a.kind in (K.GLOBAL, K.LOOP), opt, k, f"only a global or loop axis becomes local, this one is {a.kind.value}")
   _check_split(k, opt, a)
   if a.kind is K.LOOP:   # the loop shared by the work-group: each item takes every arg-th index
+    _no_warp(k, opt)
     _shared_ok(k, opt, caps)
     grouped = [r for r in _reduces(k) if any(x.kind is K.GROUP_REDUCE and x.var in r.loops for x in k.axes)]
     deps = dependencies([st.value for st in k.stores])
@@ -138,8 +144,14 @@ def _local(k, opt, a, caps):
 
 def _local_items(k: Kernel) -> int:
   n = 1
-  for x in k.of_kind(K.LOCAL): n *= x.size
+  for x in k.of_kind(K.LOCAL, K.WARP): n *= x.size
   return n
+
+
+def _no_warp(k: Kernel, opt: Opt) -> None:
+  """A tensor core's work-group is its warps, each lane the fragments' owner: no shared axis, no local tiles (the
+  fragments are read by each lane; staging them is not done yet)."""
+  _need(not k.of_kind(K.WARP), opt, k, "the kernel computes on tensor cores (TC): its work-group is made of warps")
 
 
 def _shared_ok(k: Kernel, opt: Opt, caps: Caps) -> None:
@@ -160,6 +172,7 @@ def _stage(k, opt, a, caps):
   from fusegrad.codegen import passes
   _need(caps.has_local, opt, k, "the device has no work-groups (local memory)")
   _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis is staged, this one is {a.kind.value}")
+  _no_warp(k, opt)
   _need(bool(k.of_kind(K.LOCAL)), opt, k, "no work-group axes: no items to share a copy")
   _need(not k.of_kind(K.STAGE), opt, k, "one staged axis per kernel")
   _check_split(k, opt, a)
@@ -174,6 +187,7 @@ def _stage(k, opt, a, caps):
 def _group(k, opt, a, caps):
   _need(caps.has_local, opt, k, "the device has no work-groups (local memory)")
   _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis is grouped, this one is {a.kind.value}")
+  _no_warp(k, opt)
   _check_split(k, opt, a)
   reds = _reduces(k)
   owners = [r for r in reds if a.var in r.loops]
@@ -224,9 +238,57 @@ def _padto(k, opt, a, caps):
   return guard(k, vp, inside)
 
 
+def tc_axes(k: Kernel, kaxis: Axis, tc) -> tuple | str:
+  """(M, N): the output axes a tensor core tc computes when kaxis is K, or a string saying why the kernel is no such
+  matmul: one SUM reduction over kaxis accumulating in tc's dtype, of a product of two loads of its input dtype
+  (codegen/opt/tc.product_loads), both reading along K; M an output axis only A's index uses (the last such), N one
+  only B's uses; A is the operand whose own axis comes first (a matmul's rows)."""
+  reds = _reduces(k)
+  if len(reds) != 1: return f"a tensor core computes one matmul: the kernel has {len(reds)} reductions"
+  r = reds[0]
+  if r.op != "SUM" or kaxis.var not in r.loops: return f"the reduction over the axis must be a SUM, it is {r.op}"
+  if r.dtype is not tc.dtype_acc: return f"the sum accumulates in {r.dtype.name}, {tc.name} in {tc.dtype_acc.name}"
+  loads = tcs.product_loads(r.src, tc)
+  if isinstance(loads, str): return f"{loads} ({tc.name})"
+  da, db = ((axis_variables(x.idx) | x.valid.variables()) for x in loads)
+  if kaxis.var not in da or kaxis.var not in db: return "both operands must read along the reduction axis"
+  own = lambda mine, other: [x for x in k.of_kind(K.GLOBAL) if x.var in mine and x.var not in other]
+  ma, mb = own(da, db), own(db, da)
+  if not ma or not mb: return "no output axis that only one operand's index uses for each of M and N"
+  if k.axis_index(mb[0].var) < k.axis_index(ma[0].var): ma, mb = mb, ma
+  return ma[-1], mb[-1]
+
+
+def _tc(k, opt, a, caps):
+  """The kernel's matmul on a tensor core (tc_axes): its M, N and K (`a`) axes split by the tile's dims, the inner
+  parts re-kinded TC_M, TC_N, TC_K, and a WARP axis of the warp's lanes added (last); codegen/passes.tensor_core turns
+  the tile into the warp's Mma."""
+  cores = caps.tensor_cores
+  _need(bool(cores), opt, k, "the device has no tensor cores")
+  _need(0 <= opt.arg < len(cores), opt, k, f"the device has {len(cores)} tensor cores, no entry {opt.arg}")
+  tc = cores[opt.arg]
+  _need(all(o.op is OptOp.PADTO for o in k.opts), opt, k,
+        f"TC comes before any other action except PADTO (applied: {list(k.opts)})")
+  _need(a.kind is K.REDUCE, opt, k, f"the axis must be the reduction axis K, this one is {a.kind.value}")
+  mn = tc_axes(k, a, tc)
+  _need(not isinstance(mn, str), opt, k, str(mn))
+  m, n = mn
+  for x, size, name in ((m, tc.dims[0], "M"), (n, tc.dims[1], "N"), (a, tc.dims[2], "K")):
+    _need(x.size % size == 0, opt, k, f"the {name} axis {x} is not a multiple of {size} (PADTO first)")
+    _need(x.end is None, opt, k, f"the {name} axis {x} has a size known at run time only")
+  size = _local_items(k) * tc.threads
+  _need(size <= caps.max_local, opt, k, f"a work-group of {size} exceeds the device's {caps.max_local}")
+  for x, size, kind in ((m, tc.dims[0], K.TC_M), (n, tc.dims[1], K.TC_N), (a, tc.dims[2], K.TC_K)):
+    k = _split(k, k.axis_index(x.var), size, kind)
+  taken = {x.var.name for x in k.axes}
+  name = "lane"
+  while name in taken: name += "_"
+  return replace(k, axes=k.axes + (Axis(sym.Var(name, 0, tc.threads - 1), K.WARP),), tensor_core=tc)
+
+
 def _reduces(k: Kernel) -> list:
   return [v for v in toposort([st.value for st in k.stores]) if isinstance(v, Reduce)]
 
 
 _APPLY = {OptOp.UPCAST: _upcast, OptOp.UNROLL: _unroll, OptOp.LOCAL: _local, OptOp.GROUP: _group, OptOp.SWAP: _swap,
-          OptOp.PADTO: _padto, OptOp.LOOP: _loop, OptOp.STAGE: _stage}
+          OptOp.PADTO: _padto, OptOp.LOOP: _loop, OptOp.STAGE: _stage, OptOp.TC: _tc}

@@ -12,13 +12,15 @@ kernel and the device's capabilities (renderer/base.Caps).
   as a loop in each work item (LOOP), which the C compiler vectorizes.
 - GPUs (caps with local memory and no preference for blocking): `_work_groups` below (work-groups, a kernel's
   reductions and output loops shared by one, matmul register tiles with local-memory tiles).
+- Tensor cores (caps.tensor_cores, no device has any yet): a float16/bfloat16 matmul-like kernel runs on the first
+  that multiplies its dtype (`tensor_core` below), before any of the above.
 The column and reduction lanes become vector values where the device has vectors (codegen/passes.vector_axis).
 """
 from __future__ import annotations
 from fusegrad.graph import symbolic as sym
 from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Load, Gather, toposort, dependencies
 from fusegrad.codegen.renderer.base import Caps
-from fusegrad.codegen.opt.actions import Opt, OptOp, OptError, apply_opt
+from fusegrad.codegen.opt.actions import Opt, OptOp, OptError, apply_opt, tc_axes
 from fusegrad.codegen.passes import vector_axis
 
 K = AxisKind
@@ -146,6 +148,9 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     except OptError:
       pass
     return o.axis
+  if caps.tensor_cores:
+    tc = tensor_core(k, caps)
+    if tc: return tc
   if not caps.prefers_blocking: return _work_groups(k, caps) if caps.has_local else opts
   tile = register_tile(k, caps)
   if tile:
@@ -308,3 +313,35 @@ def _work_groups(k: Kernel, caps: Caps) -> list:
   n = _pow2_divisor(g.hi + 1, most, 32)
   if n: do(OptOp.LOCAL, g, n)
   return opts
+
+
+# ---- tensor cores (caps.tensor_cores) ---------------------------------------------------------------------------
+# the multiplicands the heuristic puts on a tensor core: 16-bit floats, which it multiplies exactly (a tf32 core
+# would round float32 inputs to 10 mantissa bits: only where asked, as PyTorch's float32 matmuls do not by default)
+TC_INPUTS = frozenset({"float16", "bfloat16"})
+
+
+def tensor_core(k: Kernel, caps: Caps) -> list:
+  """PADTO where an axis is no multiple of the tile (PADTO refuses to more than double one), then TC on the first
+  tensor core of caps that multiplies the kernel's 16-bit matmul, K the innermost of its reduction's axes that fits;
+  [] when none applies. How the warps are arranged (several per work-group, tiles of tiles in registers, operands
+  through local memory) waits for a renderer that spells the Mma, to be measured."""
+  reds = _reduces(k)
+  if len(reds) != 1: return []
+  for j, tc in enumerate(caps.tensor_cores):
+    if tc.dtype_in.name not in TC_INPUTS: continue
+    for kvar in reversed(reds[0].loops):
+      mn = tc_axes(k, k.axes[k.axis_index(kvar)], tc)
+      if isinstance(mn, str): continue
+      kk, opts, ki = k, [], k.axis_index(kvar)
+      try:
+        for x, size in zip(mn + (k.axes[ki],), tc.dims):   # a PADTO keeps its axis's place
+          if x.size % size:
+            opts.append(Opt(OptOp.PADTO, kk.axis_index(x.var), size))
+            kk = apply_opt(kk, opts[-1], caps)
+        opts.append(Opt(OptOp.TC, ki, j))
+        apply_opt(kk, opts[-1], caps)
+      except OptError:
+        continue
+      return opts
+  return []

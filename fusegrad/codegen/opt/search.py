@@ -95,6 +95,8 @@ def candidate_actions(k: Kernel, caps) -> list:
       for n in UNROLL_AMOUNTS: add(Opt(OptOp.UNROLL, i, n))
     if caps.has_local and a.kind in (K.GLOBAL, K.LOOP):
       for n in LOCAL_AMOUNTS: add(Opt(OptOp.LOCAL, i, n))
+    if a.kind is K.REDUCE:   # each tensor core the device has (codegen/opt/tc.py), this axis its K
+      for j in range(len(caps.tensor_cores)): add(Opt(OptOp.TC, i, j))
     if caps.has_local and a.kind is K.REDUCE:
       for n in GROUP_AMOUNTS: add(Opt(OptOp.GROUP, i, n))
       for n in STAGE_AMOUNTS: add(Opt(OptOp.STAGE, i, n))

@@ -10,8 +10,31 @@ class Caps:
   max_local: int = 0             # work items per work-group
   local_bytes: int = 0           # local (shared) memory per work-group
   vector_widths: tuple = ()      # float32 vector widths the renderer spells as vector types
-  tensor_cores: tuple = ()       # tensor-core shapes (codegen/opt/tc.py), none yet
+  # the tensor cores (codegen/opt/tc.TensorCore records) the renderer spells as warp-level matrix multiply-accumulates
+  # (ir.Mma): the TC action is legal only with one of them. No renderer declares any yet (C and OpenCL cannot spell
+  # an Mma; a CUDA renderer would take its architecture's entry of tc.TENSOR_CORES); the PYTHON interpreter emulates
+  # any entry it is asked to (runtime/python.PythonDevice.emulate)
+  tensor_cores: tuple = ()
   max_registers: int = 256       # values a work item may hold expanded in registers (product of UPCAST/UNROLL)
   vector_registers: int = 16     # the machine's vector registers (a register tile's accumulators must fit)...
   native_lanes: int = 4          # ...and the float32 lanes of one (a wider vector type takes several)
   prefers_blocking: bool = True  # register tiles and reduction lanes pay (CPUs; kept for GPUs until measured)
+
+
+class RenderError(NotImplementedError):
+  """A listing holds a value the renderer cannot spell (an earlier stage let through what the device's caps refuse)."""
+
+
+def check_spellable(renderer, listing: list) -> None:
+  """Raise RenderError when the listing holds a tensor core's Mma that the renderer does not declare in its caps:
+  such a renderer must never see one (the TC action is illegal without the tensor core; this catches caps that
+  were swapped under a device)."""
+  from fusegrad.codegen.ir import Mma
+  from fusegrad.codegen.linearize import Let
+  have = getattr(renderer, "caps", Caps()).tensor_cores
+  for st in listing:
+    if isinstance(st, Let) and isinstance(st.val, Mma) and st.val.tc not in have:
+      name = getattr(renderer, "name", type(renderer).__name__)
+      raise RenderError(f"the {name} renderer cannot spell a tensor core's warp-level matrix multiply-accumulate "
+                        f"({st.val.tc.name}): it declares no such tensor core (Caps.tensor_cores); optimize the kernel "
+                        f"for this device's caps (no TC action)")
