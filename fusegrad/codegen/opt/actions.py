@@ -12,11 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 from fusegrad.graph import symbolic as sym
-from fusegrad.graph.node import reduce_identity
-from fusegrad import dtype as dt
-from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, Index, Gather, Alu, Const, Valid, Store,
-                                 REGISTER_KINDS, SHARED_KINDS, substitute_kernel, toposort, dependencies, guard,
-                                 axis_variables)
+from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, REGISTER_KINDS, SHARED_KINDS, substitute_kernel,
+                                 toposort, dependencies, guard, axis_variables)
 from fusegrad.codegen.opt import tc as tcs
 from fusegrad.codegen.renderer.base import Caps
 
