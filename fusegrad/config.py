@@ -35,3 +35,4 @@ EAGER_REPLAY = bool(_int("FUSEGRAD_EAGER_REPLAY", 1))  # 0: realize schedules st
 FUZZ_EXAMPLES = _int("FUSEGRAD_FUZZ_EXAMPLES", 0)       # tests/fuzz: examples per device (0: the quick default)
 BEAM = _int("FUSEGRAD_BEAM", 0)                         # >0: search each new kernel's actions with this beam width (codegen/opt/search.py)
 BEAM_BUDGET = _float("FUSEGRAD_BEAM_BUDGET", 60.0)      # seconds one kernel's search may take at most
+TENSOR_CORES = bool(_int("FUSEGRAD_TENSOR_CORES", 1)) # 0: leave out tensor cores (an NVIDIA GPU's mma.sync through OPENCL)

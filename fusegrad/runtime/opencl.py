@@ -10,7 +10,7 @@ import shutil
 import threading
 from dataclasses import replace
 import numpy as np
-from fusegrad import dtype as dt
+from fusegrad import dtype as dt, config as _config
 from fusegrad.runtime import cache
 from fusegrad.runtime.device import Device, CompileError, clip_log
 from fusegrad.codegen.renderer.cstyle import OpenCLRenderer
@@ -39,6 +39,8 @@ class OpenCLDevice(Device):
     self._options = ["-cl-fp32-correctly-rounded-divide-sqrt"] if exact else []
     if self.cl_device.type & cl.device_type.GPU:
       # a GPU: work-groups and coalesced reads instead of a CPU's register blocking (codegen/opt/heuristic.py)
+      cores = self._tensor_cores()
+      if cores: self.renderer.caps = replace(self.renderer.caps, tensor_cores=cores)   # this instance spells them
       self._caps = replace(self.renderer.caps, max_local=min(int(self.cl_device.max_work_group_size), 1024),
                            local_bytes=int(self.cl_device.local_mem_size), prefers_blocking=False)
     else: self._caps = self.renderer.caps
@@ -55,6 +57,17 @@ class OpenCLDevice(Device):
 
   @property
   def caps(self): return self._caps
+
+  def _tensor_cores(self) -> tuple:
+    """The tensor cores of an NVIDIA GPU (codegen/opt/tc.py), which its OpenCL compiler reaches through inline PTX
+    (mma.sync): by the compute capability (cl_nv_device_attribute_query); a later architecture takes Hopper's.
+    FUSEGRAD_TENSOR_CORES=0 leaves them out."""
+    from fusegrad.codegen.opt.tc import TENSOR_CORES
+    d = self.cl_device
+    if not _config.TENSOR_CORES or "cl_nv_device_attribute_query" not in d.extensions: return ()
+    try: major, minor = int(d.compute_capability_major_nv), int(d.compute_capability_minor_nv)
+    except Exception: return ()
+    return TENSOR_CORES.get(f"sm_{major}{minor}", TENSOR_CORES["sm_90"] if major >= 9 else ())
 
   def alloc(self, nbytes: int): return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(nbytes, 1))
   def copyin(self, handle, src: np.ndarray) -> None: self.cl.enqueue_copy(self.queue, handle, src, is_blocking=True)

@@ -266,6 +266,29 @@ def test_renderers_never_see_an_mma(rng, monkeypatch):
   with pytest.raises(OptError, match="no tensor cores"): cpu.compile_with(item.kernel, opts)
 
 
+@pytest.mark.parametrize("entry,cvt", [(F16, "cvt.rn.f16x2.f32"), (BF16, "cvt.rn.bf16x2.f32"), (TF32, "cvt.rna.tf32.f32")])
+def test_opencl_spells_an_mma_as_ptx(entry, cvt, rng):
+  """An OpenCL renderer that declares a tensor core (an NVIDIA GPU's: runtime/opencl.py) spells the Mma as inline
+  PTX: the fragments packed into 32-bit registers, mma.sync with D, A, B and C register groups of the table's sizes,
+  D as the lane's float vector; one that does not declare it refuses (the hardware check of the layouts and the
+  kernels' numbers is `make gpu-test` on an NVIDIA GPU)."""
+  from fusegrad.codegen.renderer.cstyle import OpenCLRenderer
+  tc = SM80[entry]
+  item, _ = _case("matmul", rng, tc.dtype_in)
+  caps = replace(_dev().caps, tensor_cores=SM80)
+  p = pipeline.prepare(item.kernel, caps, _tc_opts(item, caps, entry))
+  r = OpenCLRenderer()
+  with pytest.raises(RenderError, match="cannot spell"): r.render(p.kernel, p.listing)
+  r.caps = replace(r.caps, tensor_cores=SM80)
+  src = r.render(p.kernel, p.listing)
+  regs = lambda n: n if tc.input_format == "tf32" else n // 2
+  na, nb, nc = regs(len(tc.a[0])), regs(len(tc.b[0])), len(tc.c[0])
+  group = lambda start, n: "{" + ",".join(f"%{i}" for i in range(start, start + n)) + "}"
+  assert f"{tc.name} {group(0, nc)}, {group(nc, na)}, {group(nc + na, nb)}, {group(nc + na + nb, nc)};" in src
+  assert src.count(cvt) == na + nb
+  assert "reqd_work_group_size(32, 1, 1)" in src
+
+
 # ---- the heuristic and the search ----
 
 def test_heuristic_uses_a_tensor_core_where_the_device_has_one(rng):
@@ -281,6 +304,20 @@ def test_heuristic_uses_a_tensor_core_where_the_device_has_one(rng):
     from tests.unit.kernels import make
     it = one_kernel(make(name, rng))
     assert heuristic.hand_coded(it.kernel, caps) == heuristic.hand_coded(it.kernel, _dev().caps)
+
+
+@pytest.mark.parametrize("d,entry", [(dt.float16, F16), (dt.bfloat16, BF16)])
+def test_heuristic_gives_each_warp_a_tile_of_tiles(d, entry, rng, monkeypatch):
+  """Where the work allows (here: any, TC_MIN_WARPS lowered), each warp computes a WARP_TILES block of tensor-core
+  tiles (UPCASTs of N's and M's outer parts): the fragments of A serve several N tiles and B's several M tiles, with
+  numpy's numbers."""
+  monkeypatch.setattr(heuristic, "TC_MIN_WARPS", 1)
+  item, want = _case("square", rng, d)            # [64, 32, 64]: M outer 4, N outer 4
+  with _dev().emulate(SM80[entry:entry + 1]) as dev:
+    opts = heuristic.hand_coded(item.kernel, dev.caps)
+    assert opts == [Opt(OptOp.TC, 2, 0), Opt(OptOp.UPCAST, 2, 4), Opt(OptOp.UPCAST, 0, 2)]
+    got = _out(run(item, opts), d)
+  np.testing.assert_allclose(got, want, rtol=1e-2 if d is dt.bfloat16 else 2e-3, atol=0.05 if d is dt.bfloat16 else 1e-2)
 
 
 def test_search_tries_tensor_cores(rng):

@@ -340,8 +340,36 @@ def tensor_core(k: Kernel, caps: Caps) -> list:
             opts.append(Opt(OptOp.PADTO, kk.axis_index(x.var), size))
             kk = apply_opt(kk, opts[-1], caps)
         opts.append(Opt(OptOp.TC, ki, j))
-        apply_opt(kk, opts[-1], caps)
+        kk = apply_opt(kk, opts[-1], caps)
       except OptError:
         continue
-      return opts
+      return opts + _warp_tile(kk, caps)
+  return []
+
+
+# a warp's tile of tensor-core tiles (N tiles, M tiles), most first: a 4 x 8 tile of m16n8k16 (64 x 64 outputs) reads
+# each A fragment for 8 multiplies and each B fragment for 4 (bf16 4096^3 on an H100 through OPENCL: 12 TFLOP/s with
+# one tile per warp, 56 with 2 x 8, 62 with 4 x 8; no local-memory staging yet)
+WARP_TILES = ((8, 4), (8, 2), (4, 2), (4, 1), (2, 1))
+# ...keeping at least this many warps (a GPU's multiprocessors times a few)
+TC_MIN_WARPS = 512
+
+
+def _warp_tile(k: Kernel, caps: Caps) -> list:
+  """UPCASTs of the outer parts of a tensor core's N and M axes (each the GLOBAL axis just before its TC_N / TC_M
+  part), the largest of WARP_TILES that divides them and leaves TC_MIN_WARPS warps."""
+  def outer(kind) -> int:
+    i = next(i for i, a in enumerate(k.axes) if a.kind is kind)
+    return i - 1 if i and k.axes[i - 1].kind is K.GLOBAL else -1
+  mi, ni = outer(K.TC_M), outer(K.TC_N)
+  if mi < 0 or ni < 0: return []
+  for un, um in WARP_TILES:
+    if k.axes[ni].size % un or k.axes[mi].size % um or k.groups // (un * um) < TC_MIN_WARPS: continue
+    opts, kk = [Opt(OptOp.UPCAST, ni, un)], k
+    if um > 1: opts.append(Opt(OptOp.UPCAST, mi + (ni < mi), um))   # (an upcast before it moves it one place)
+    try:
+      for o in opts: kk = apply_opt(kk, o, caps)
+    except OptError:
+      continue
+    return opts
   return []

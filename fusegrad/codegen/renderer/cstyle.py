@@ -12,9 +12,9 @@ from fusegrad import dtype as dt
 from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.codegen.ir import (tree_top, Kernel, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid,
-                                 Alu, Reduce, Vectorize, Gep, VecDType)
+                                 Alu, Reduce, Vectorize, Gep, VecDType, Mma)
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
-from fusegrad.codegen.renderer.base import Caps
+from fusegrad.codegen.renderer.base import Caps, RenderError
 
 
 def _floordiv(num: str, c: int, may_be_negative: bool) -> str:
@@ -197,7 +197,11 @@ class CStyleRenderer:
   def _let(self, st: Let, w: "_Walk") -> None:
     if isinstance(st.val, GroupReduce): return self._group_reduce(st, w)
     if isinstance(st.val, Stage): return self._stage(st, w)
+    if isinstance(st.val, Mma): return self._mma(st, w)
     w.out(f"{self.reg_type(st.val.dtype)} {st.name} = {self.value(st.val, list(st.args))};")
+
+  def _mma(self, st: Let, w: "_Walk") -> None:
+    raise RenderError(f"the {self.name} renderer cannot spell a tensor core's {st.val.tc.name}")
 
   def _group_reduce(self, st: Let, w: "_Walk") -> None:
     """Partials through local memory, folded as a tree (ir.GroupReduce's order): write mine and meet; then at each
@@ -491,8 +495,10 @@ class OpenCLRenderer(CStyleRenderer):
   caps = Caps(has_local=True, max_local=256, local_bytes=16384, vector_widths=(2, 4, 8))
 
   def storage_type(self, d: dt.DType) -> str: return "uchar" if d.is_bool else self.types[d]
-  # OpenCL C's own vector types and built-ins
-  def vec_type(self, d: VecDType) -> str: return f"{self.types[d.scalar]}{d.count}"
+  # OpenCL C's own vector types and built-ins (16-bit floats in float registers, as their scalars: a tensor core's
+  # fragments)
+  def vec_type(self, d: VecDType) -> str:
+    return f"float{d.count}" if d.scalar.name in ("float16", "bfloat16") else f"{self.types[d.scalar]}{d.count}"
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)})({','.join(a)}))"
   def gep(self, a: str, lane: int) -> str: return f"{a}.s{lane:x}"
   def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"vload{d.count}(0, {ptr}+{idx})"
@@ -513,6 +519,35 @@ class OpenCLRenderer(CStyleRenderer):
     if d == dt.float16: return f"vstore_half_rte({val}, {idx}, b{buf});"
     if d.is_bool: return f"b{buf}[{idx}] = (uchar)({val});"
     return super().store(buf, idx, val, d)
+  # an NVIDIA GPU's OpenCL compiler takes inline PTX: its tensor cores' mma.sync (runtime/opencl.py declares them)
+  _CVT = {"f16": "cvt.rn.f16x2.f32", "bf16": "cvt.rn.bf16x2.f32"}
+
+  def _mma(self, st: Let, w: "_Walk") -> None:
+    """ir.Mma as PTX: the lane's fragments packed into the 32-bit registers mma.sync takes (two 16-bit values per
+    register, the element of the lower index in the lower half; tf32 converted with rounding to nearest, ties away),
+    the instruction, its D registers as the lane's float vector."""
+    tc, (a, b, c) = st.val.tc, st.args
+    if tc not in self.caps.tensor_cores: return super()._mma(st, w)
+    def regs(tag: str, v: str, n: int) -> list:
+      out = []
+      for i in range(n if tc.input_format == "tf32" else n // 2):
+        r = f"{st.name}_{tag}{i}"
+        if tc.input_format == "tf32": w.out(f'uint {r}; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"({r}) : "f"({v}.s{i:x}));')
+        else:
+          w.out(f'uint {r}; asm("{self._CVT[tc.input_format]} %0, %1, %2;" : "=r"({r}) : "f"({v}.s{2 * i + 1:x}), '
+                f'"f"({v}.s{2 * i:x}));')
+        out.append(r)
+      return out
+    ra, rb, nc = regs("a", a, len(tc.a[0])), regs("b", b, len(tc.b[0])), len(tc.c[0])
+    ds = [f"{st.name}_d{i}" for i in range(nc)]
+    slots = iter(range(2 * nc + len(ra) + len(rb)))
+    group = lambda n: "{" + ",".join(f"%{next(slots)}" for _ in range(n)) + "}"
+    text = f"{tc.name} {group(nc)}, {group(len(ra))}, {group(len(rb))}, {group(nc)};"
+    w.out(f"float {', '.join(ds)};")
+    w.out(f'asm volatile("{text}" : {", ".join(f"{chr(34)}=f{chr(34)}({d})" for d in ds)} : '
+          f'{", ".join([f"{chr(34)}r{chr(34)}({r})" for r in ra + rb] + [f"{chr(34)}f{chr(34)}({c}.s{i:x})" for i in range(nc)])});')
+    w.out(f"float{nc} {st.name} = (float{nc})({', '.join(ds)});")
+
   def render(self, k: Kernel, listing: list) -> str:
     args = []
     for i, b in enumerate(k.bufs):
