@@ -2,9 +2,9 @@
 
 It runs the very listing the C and OpenCL renderers print, vectorized over all work items at once
 (each value is an array over the flat parallel index) with Python loops for the sequential ones.
-It shares their semantics: 16-bit floats compute in float32, integer division by zero gives 0. It also runs what
-no renderer spells yet: a tensor core's warp-level matrix multiply-accumulate (ir.Mma), for any entry of
-codegen/opt/tc.py's table the device is told to emulate (PythonDevice.emulate).
+It shares their semantics: 16-bit floats compute in float32, integer division by zero gives 0. It also runs a
+tensor core's warp-level matrix multiply-accumulate (ir.Mma) exactly, for any entry of codegen/opt/tc.py's table the
+device is told to emulate (PythonDevice.emulate): the tests of the TC action need no GPU.
 """
 from __future__ import annotations
 import contextlib

@@ -12,7 +12,7 @@ kernel and the device's capabilities (renderer/base.Caps).
   as a loop in each work item (LOOP), which the C compiler vectorizes.
 - GPUs (caps with local memory and no preference for blocking): `_work_groups` below (work-groups, a kernel's
   reductions and output loops shared by one, matmul register tiles with local-memory tiles).
-- Tensor cores (caps.tensor_cores, no device has any yet): a float16/bfloat16 matmul-like kernel runs on the first
+- Tensor cores (caps.tensor_cores: an NVIDIA GPU through OPENCL): a float16/bfloat16 matmul-like kernel runs on the first
   that multiplies its dtype (`tensor_core` below), before any of the above.
 The column and reduction lanes become vector values where the device has vectors (codegen/passes.vector_axis).
 """
@@ -324,8 +324,8 @@ TC_INPUTS = frozenset({"float16", "bfloat16"})
 def tensor_core(k: Kernel, caps: Caps) -> list:
   """PADTO where an axis is no multiple of the tile (PADTO refuses to more than double one), then TC on the first
   tensor core of caps that multiplies the kernel's 16-bit matmul, K the innermost of its reduction's axes that fits;
-  [] when none applies. How the warps are arranged (several per work-group, tiles of tiles in registers, operands
-  through local memory) waits for a renderer that spells the Mma, to be measured."""
+  [] when none applies; then each warp a block of tiles (_warp_tile). Several warps per work-group sharing operands
+  through local memory are not done yet."""
   reds = _reduces(k)
   if len(reds) != 1: return []
   for j, tc in enumerate(caps.tensor_cores):

@@ -8,8 +8,8 @@ out lane by lane so that the numpy interpreter can gather and scatter exactly wh
 that spells `mma.sync` finds each lane's (row, col) as index expressions (`lane_exprs`). Every layout is checked to be
 a bijection onto its matrix (`layout_errors`) when its record is made.
 
-No renderer spells an Mma yet (CUDA is not a device here): Caps.tensor_cores is empty on every device but the
-interpreter's when a test asks it to emulate one (runtime/python.PythonDevice.emulate).
+The OPENCL renderer of an NVIDIA GPU spells an Mma as inline PTX (runtime/opencl.py declares the GPU's entries); the
+interpreter emulates any entry a test asks for (runtime/python.PythonDevice.emulate); other devices have none.
 """
 from __future__ import annotations
 from dataclasses import dataclass

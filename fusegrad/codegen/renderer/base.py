@@ -11,9 +11,9 @@ class Caps:
   local_bytes: int = 0           # local (shared) memory per work-group
   vector_widths: tuple = ()      # float32 vector widths the renderer spells as vector types
   # the tensor cores (codegen/opt/tc.TensorCore records) the renderer spells as warp-level matrix multiply-accumulates
-  # (ir.Mma): the TC action is legal only with one of them. No renderer declares any yet (C and OpenCL cannot spell
-  # an Mma; a CUDA renderer would take its architecture's entry of tc.TENSOR_CORES); the PYTHON interpreter emulates
-  # any entry it is asked to (runtime/python.PythonDevice.emulate)
+  # (ir.Mma): the TC action is legal only with one of them. The OPENCL renderer of an NVIDIA GPU declares its
+  # architecture's entries of tc.TENSOR_CORES (inline PTX: runtime/opencl.py); C cannot spell an Mma; the PYTHON
+  # interpreter emulates any entry it is asked to (runtime/python.PythonDevice.emulate)
   tensor_cores: tuple = ()
   max_registers: int = 256       # values a work item may hold expanded in registers (product of UPCAST/UNROLL)
   vector_registers: int = 16     # the machine's vector registers (a register tile's accumulators must fit)...
