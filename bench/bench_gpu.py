@@ -56,13 +56,16 @@ def main(argv=None) -> None:
     (f"relu(sqrt(exp(x)*2+1)*x) 2^{e}", [(2 ** e,)], lambda x: (((x.exp() * 2 + 1).sqrt()) * x).relu(),
      lambda x: torch.relu(torch.sqrt(torch.exp(x) * 2 + 1) * x), 8 * 2 ** e, 0),
     (f"matmul f32 {mm}^3", [(mm, mm), (mm, mm)], lambda a, b: a @ b, lambda a, b: a @ b, 12 * mm * mm, 2 * mm ** 3),
+    # 16-bit inputs: tensor cores on both sides (fusegrad: mma.sync through OpenCL's inline PTX where the GPU has them)
+    (f"matmul bf16 {mm}^3", [(mm, mm), (mm, mm)], lambda a, b: a @ b, lambda a, b: a @ b, 6 * mm * mm, 2 * mm ** 3,
+     "bfloat16"),
   ]
   rows = []
-  for name, shapes, f_fg, f_th, nbytes, flops in cases:
+  for name, shapes, f_fg, f_th, nbytes, flops, *dtype in cases:
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    fx = [fg.tensor(x, device="OPENCL").realize() for x in xs]
-    tx = [torch.tensor(x, device="cuda") for x in xs]
-    got = f_fg(*fx).numpy()
+    fx = [fg.tensor(x, device="OPENCL").to(getattr(fg, dtype[0]) if dtype else fg.float32).realize() for x in xs]
+    tx = [torch.tensor(x, device="cuda").to(getattr(torch, dtype[0]) if dtype else torch.float32) for x in xs]
+    got = f_fg(*fx).float().numpy()
     want = f_th(*tx).double().cpu().numpy()
     err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
     t_fg = _median_time(lambda: f_fg(*fx).realize(), dev.synchronize, args.runs)
