@@ -10,6 +10,7 @@ register axes, binding of work-item indices), linearization and rendering.
 """
 from __future__ import annotations
 import enum
+import functools
 from dataclasses import dataclass, field, replace
 from fusegrad import dtype as dt
 from fusegrad.dtype import DType
@@ -303,35 +304,36 @@ class Kernel:
       if a.var == var: return i
     raise KeyError(var)
 
-  @property
+  # the launch geometry below is read at every launch: computed once per (frozen) kernel
+  @functools.cached_property
   def global_dims(self) -> tuple: return tuple(a.size for a in self.of_kind(AxisKind.GLOBAL))
-  @property
+  @functools.cached_property
   def shared_size(self) -> int:
     """The size of the work-group's shared axis: every GROUP_REDUCE and GROUP_LOOP axis is bound to one index of
     the group (they are phases of one kernel: its reductions one after another, then its outputs), so they have one
     size; 0 when the kernel has none."""
     return max((a.size for a in self.of_kind(*SHARED_KINDS)), default=0)
 
-  @property
+  @functools.cached_property
   def local_dims(self) -> tuple:
     """The work-group's dims: its LOCAL axes, then the shared axis, then the lanes of a warp (WARP, innermost)."""
     return tuple(a.size for a in self.of_kind(AxisKind.LOCAL)) + ((self.shared_size,) if self.shared_size else ()) + \
         tuple(a.size for a in self.of_kind(AxisKind.WARP))
 
-  @property
+  @functools.cached_property
   def groups(self) -> int:
     n = 1
     for s in self.global_dims: n *= s
     return n
 
-  @property
+  @functools.cached_property
   def local_size(self) -> tuple | None:
     """Work items per work-group, or None (no LOCAL axes: the driver picks)."""
     n = 1
     for s in self.local_dims: n *= s
     return (n,) if self.local_dims else None
 
-  @property
+  @functools.cached_property
   def global_size(self) -> int:
     """Work items in all: the groups times their local size."""
     return self.groups * (self.local_size[0] if self.local_size else 1)

@@ -338,3 +338,32 @@ def test_track_shows_the_tc_action(rng):
   want = a.astype(np.float64) @ b
   np.testing.assert_allclose(got.astype(np.float32), want, rtol=2 ** -10, atol=2 ** -10 * np.abs(want).max() / 8)
   assert _dev().caps.tensor_cores == ()
+
+
+# ---- on an NVIDIA GPU (make gpu-test) ----
+
+def _opencl_tensor_cores():
+  try:
+    return rd.get("OPENCL").caps.tensor_cores
+  except Exception:
+    return ()
+
+
+@pytest.mark.skipif(not _opencl_tensor_cores(), reason="no OPENCL device with tensor cores (an NVIDIA GPU)")
+@pytest.mark.parametrize("d", [dt.float16, dt.bfloat16])
+@pytest.mark.parametrize("shape", [(64, 64, 32), (20, 12, 24), (2, 48, 40, 24), (512, 256, 1024)])
+def test_matmul_on_the_gpus_tensor_cores_OPENCL(d, shape, rng):
+  """The heuristic puts a 16-bit matmul on the GPU's tensor cores (mma.sync through inline PTX; with a block of
+  tiles per warp where the work allows) and the result is numpy's within the dtype's rounding."""
+  *batch, m, k, n = shape
+  rnd = (lambda x: x.astype(np.float16).astype(np.float32)) if d is dt.float16 else bf16_round_trip
+  a, b = rnd(rng.standard_normal((*batch, m, k)).astype(np.float32)), rnd(rng.standard_normal((*batch, k, n)).astype(np.float32))
+  ta = fg.Tensor(a, device="OPENCL").to(d).realize()
+  tb = fg.Tensor(b, device="OPENCL").to(d).realize()
+  with fg.track() as t:
+    out = (ta @ tb).float().numpy()
+  mm = [r for r in t.kernels if any(o.op is OptOp.TC for o in r.opts)]
+  assert len(mm) == 1 and "mma.sync.aligned" in mm[0].source
+  want = a.astype(np.float64) @ b
+  tol = 8e-3 if d is dt.float16 else 3e-2
+  np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max())
