@@ -758,7 +758,7 @@ class Tensor:
   # ---- reductions ----
   def _reduce(self, op: str, dim, keepdim: bool) -> "Tensor":
     # one REDUCE node, however big: the scheduler splits a big reduction into few outputs in two kernels
-    # (schedule/rules.split_reductions)
+    # (schedule/rules.rewrite_reductions)
     axes = _norm_dims(dim, self.ndim)
     x = self
     # size-1 axes reduce nothing (a runtime size of value 1 still reduces: its kernel serves every value)
@@ -1195,24 +1195,16 @@ class Tensor:
     batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
     n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
     a0, b0 = a, b
+    # one graph for every device: a sum over k of a [..., n, k, 1] * [..., 1, k, m] product; how the operands are laid
+    # out for it (a transposed copy, panels) is the scheduler's choice (schedule/rules.relayout)
     with autograd.no_grad():   # one MATMUL recipe for autograd: its gradients are matmuls again
-      panel = _panel(b, n, k, m, d)
-      if not panel and n >= 16 and prod(batch) * n * k * m >= 1 << 20 and _transposed_view(b): b = b.contiguous()
       # float16/bfloat16: products and sum in float32, the result rounded once (PyTorch's CPU matmul)
       if d in HALF_FLOATS: a, b = a._cast(dt.float32), b._cast(dt.float32)
-      if panel:
-        # b packed in panels of `panel` columns, each panel's rows consecutive: (..., m/panel, k, panel)
-        bp = b.reshape(*b.shape[:-1], m // panel, panel).transpose(-3, -2).contiguous()
-        a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, k, 1)
-        bp = bp._broadcast_to(batch + (m // panel, k, panel)).reshape(*batch, 1, m // panel, k, panel)
-        prod_ = a * bp
-        out = prod_._reduce("SUM", -2, False).reshape(*batch, n, m)._cast(d)
-      else:
-        a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
-        b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
-        prod_ = (a * b) if not d.is_bool else (a & b)
-        out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False)._cast(d) if k else \
-            self._new(gn.const(0, d, batch + (n, m), self.device))
+      a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
+      b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
+      prod_ = (a * b) if not d.is_bool else (a & b)
+      out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False)._cast(d) if k else \
+          self._new(gn.const(0, d, batch + (n, m), self.device))
     out = a0._prim("MATMUL", None, out.node, a0, b0)
     if va: out = out.squeeze(-2)
     if vb: out = out.squeeze(-1)
@@ -1348,30 +1340,9 @@ def _take_rows(w: Tensor, idx: Tensor) -> Tensor:
   return r
 
 
-# matmuls of at least this many multiply-adds read their right operand from panels (see _panel)
-PANEL_MIN_WORK = 1 << 24
-# ...and at least this many rows of a: the copy is paid once per matmul and saved once per row tile (an MLP's
-# batch of 256 rows: its step was 3.4 ms without packing, 3.6-4.1 with it)
-PANEL_MIN_ROWS = 1024
-
-
-def _panel(b: Tensor, n: int, k: int, m: int, d) -> int:
-  """Columns per panel when a matmul's right operand is worth packing first, else 0. The register tile reads a
-  vector of b's columns per step of the reduction; in b's own layout those rows lie a row apart (an 8 KB stride
-  for 2048 columns), so a long reduction walks a new page per step and the cache keeps few of the rows (they
-  fall into a handful of sets). Packed as (m/panel, k, panel), each panel is one consecutive stream, read once
-  per row tile from cache; the copy costs one pass over b. Devices whose kernels use vector register tiles only
-  (renderer caps), float32, large products."""
-  from fusegrad.runtime import device as rd
-  if d != dt.float32 or k < 128 or n < PANEL_MIN_ROWS or n * k * m < PANEL_MIN_WORK: return 0
-  caps = rd.get(b.device).caps
-  p = max((w for w in caps.vector_widths if m % w == 0), default=0) if caps.prefers_blocking and not caps.has_local else 0
-  return p if p >= 8 and m >= 4 * p else 0
-
-
 def _transposed_view(t: Tensor) -> bool:
-  """Is t a pending view read with stride 1 down its rows and a stride across its columns (`w.T`)? A
-  matmul's column loop is its vectorized loop, so such an operand is worth a transposed copy first."""
+  """Is t a pending view read with stride 1 down its rows and a stride across its columns (`w.T`)? (autograd
+  computes such a matmul operand's gradient in the layout of the tensor it views)"""
   n = t.node
   if n.op != "VIEW" or n.realized or n.arg.mask is not None or t.ndim < 2: return False
   st = n.arg.strides

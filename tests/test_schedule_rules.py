@@ -253,3 +253,50 @@ def test_reductions_read_through_padding_are_stored(rng, fresh_caches):
   assert sum(r.flops for r in t.kernels) <= 1.2 * (a.size + b.size), [(r.name, r.flops) for r in t.kernels]
   items = S.create_schedule([fg.cat([realized(a).sum(1), realized(b).sum(0)]).node])
   assert any(it.why.startswith("padded_reduction") for it in items), [it.why for it in items]
+
+
+# ---- operand layouts: a scheduler rewrite (rules.relayout) ---------------------------------------------------------
+
+def _whys(out: fg.Tensor) -> list:
+  return [it.why for it in S.create_schedule([out.node]) if it.kind == "KERNEL"]
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_transposed_column_operand_is_copied_first(rng, fresh_caches, device):
+  """x @ w.T (a Linear layer): w.T's columns lie a row apart, so the scheduler copies it transposed first (one kernel
+  more, logged as operand_layout) on every device; a small product or an already contiguous operand is one kernel."""
+  x, w = randn(rng, 64, 256), randn(rng, 192, 256)
+  out = realized(x, device) @ realized(w, device).T
+  whys = _whys(out)
+  assert len(whys) == 2 and whys[0].startswith("operand_layout: ") and "transposed" in whys[0], whys
+  np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-4, atol=1e-4)
+  assert len(_whys(realized(x[:8], device) @ realized(w, device).T)) == 1            # 8 rows: not worth a copy
+  assert len(_whys(realized(x, device) @ realized(np.ascontiguousarray(w.T), device))) == 1
+
+
+def test_batched_matmul_copies_its_shared_operand_once(rng, fresh_caches):
+  """A batch of rows against one transposed matrix: the copy is the matrix's (its broadcast over the batch is not
+  copied), and the gradients through the rewritten graph are the plain ones."""
+  x, w = randn(rng, 4, 32, 128), randn(rng, 96, 128)
+  tx, tw = fg.Tensor(x, requires_grad=True), fg.Tensor(w, requires_grad=True)
+  out = tx @ tw.T
+  items = [it for it in S.create_schedule([out.node]) if it.kind == "KERNEL"]
+  assert items[0].why.startswith("operand_layout") and items[0].outputs[0].numel == w.size
+  np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-4, atol=1e-4)
+  g = randn(rng, 4, 32, 96)
+  (out * fg.Tensor(g)).sum().backward()
+  np.testing.assert_allclose(tx.grad.numpy(), g @ w, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(tw.grad.numpy(), np.einsum("bij,bik->jk", g, x), rtol=1e-4, atol=1e-3)
+
+
+def test_large_matmul_reads_panels_on_vector_tile_devices(rng, fresh_caches):
+  """A large float32 matmul on the CPU (caps: vector register tiles) reads b from panels of 16 columns copied first;
+  the interpreter's device (work-groups) computes the same graph without them. Values equal numpy's either way."""
+  a, b = randn(rng, 1024, 128), randn(rng, 128, 256)
+  cpu = realized(a) @ realized(b)
+  whys = _whys(cpu)
+  assert len(whys) == 2 and "panels of 16 columns" in whys[0], whys
+  np.testing.assert_allclose(cpu.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+  py = realized(a, "PYTHON") @ realized(b, "PYTHON")
+  assert len(_whys(py)) == 1
+  np.testing.assert_allclose(py.numpy(), a @ b, rtol=1e-4, atol=1e-4)

@@ -143,7 +143,7 @@ def test_heuristic_vectorizes_elementwise_and_big_matmul_packs(rng):
     y = (x @ w).numpy()
   assert len(tr.kernels) == 2
   np.testing.assert_allclose(y, x.numpy() @ w.numpy(), rtol=1e-4, atol=1e-4)
-  # a batch of 256 rows does not repay the copy (tensor.PANEL_MIN_ROWS): one kernel
+  # a batch of 256 rows does not repay the copy (schedule/rules.PANEL_MIN_ROWS): one kernel
   with fg.track() as tr:
     y = (x[:256] @ w).numpy()
   assert len(tr.kernels) == 1

@@ -57,7 +57,7 @@ def param_value(n):
 
 class Fixed:
   """An argument's value that a cached schedule keeps itself: its node was made by a rewrite of the scheduler
-  (schedule/rules.split_reductions), so it is no node of the graph a later realize walks."""
+  (schedule/rules.rewrite_reductions), so it is no node of the graph a later realize walks."""
   __slots__ = ("value",)
   def __init__(self, value): self.value = value
 

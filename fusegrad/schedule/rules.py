@@ -7,7 +7,8 @@ Rules read a device's parameters (`Params`, a per-device table) so a device may 
 parallelism differently.
 
 Three kinds, by what they read:
-- graph rewrites, before any cut (`split_reductions`: a big reduction into few outputs becomes two kernels);
+- graph rewrites, before any cut (`rewrite_reductions`: a big reduction into few outputs becomes two kernels; a
+  matmul's column operand read across its columns is copied transposed first, or packed in panels);
 - graph rules over the whole graph in one pass, before lowering (`nested_reduction_cuts`: a matmul feeding a
   reduction is stored);
 - fusion rules over what lowering's first pass finds in one fused group: asked as it meets each broadcast or
@@ -87,7 +88,8 @@ def reason(rule: str, why: str) -> str:
 
 
 # names that start every cut's reason in the log (besides "requested": the caller asked for the node)
-RULES = ("boundary", "gather_source", "shared_reduction", "split_reduce", "nested_reduction", "broadcast_recompute",
+RULES = ("boundary", "gather_source", "shared_reduction", "split_reduce", "operand_layout", "nested_reduction",
+         "broadcast_recompute",
          "index_recompute", "padded_reduction", "parallel_work", "tile_operands", "broadcast_reduction", "structural")
 
 
@@ -129,17 +131,18 @@ def split(n: Node, p: Params) -> tuple[Node, Node]:
   return gn.movement(total, "RESHAPE", n.shape), partial
 
 
-def split_reductions(roots: list[Node]) -> tuple[list[Node], dict[int, Node], dict[int, str]]:
-  """The graph behind roots with every reduction that `wants_split` split in two: (the new roots, the original
-  node of each new node that replaces one, and the cuts the rewrite makes with their reasons). Nodes above a
-  split reduction are rebuilt on its replacement; the rest of the graph is shared. No split: roots unchanged."""
+def rewrite_reductions(roots: list[Node]) -> tuple[list[Node], dict[int, Node], dict[int, str]]:
+  """The graph behind roots with every reduction that `wants_split` split in two and every matmul whose column
+  operand wants another layout (`layout_operand`) rebuilt on a copy of it: (the new roots, the original node of each
+  new node that replaces one, and the cuts the rewrite makes with their reasons). Nodes above a rewritten reduction
+  are rebuilt on its replacement; the rest of the graph is shared. Nothing to rewrite: roots unchanged."""
   order, seen, want = [], set(), False
   stack = list(roots)
-  while stack:   # the unrealized graph, and whether anything in it splits
+  while stack:   # the unrealized graph, and whether anything in it is rewritten
     n = stack.pop()
     if id(n) in seen or n.realized: continue
     seen.add(id(n)); order.append(n); stack.extend(n.src)
-    if n.op == "REDUCE" and wants_split(n, params(n.device)): want = True
+    if n.op == "REDUCE" and (wants_split(n, params(n.device)) or layout_operand(n) is not None): want = True
   if not want: return roots, {}, {}
   order.sort(key=lambda n: n.seq)   # sources first
   new: dict[int, Node] = {}
@@ -153,10 +156,118 @@ def split_reductions(roots: list[Node]) -> tuple[list[Node], dict[int, Node], di
       m, partial = split(m, params(m.device))
       cuts[id(partial)] = reason("split_reduce", f"the partial results of a reduction of {red} elements into {n.numel}, "
                                                  "computed in parallel")
+    elif m.op == "REDUCE" and (lay := layout_operand(m)) is not None:
+      m, copy, why = relayout(m, *lay)
+      cuts[id(copy)] = reason("operand_layout", why)
     if m is not n:
       new[id(n)] = m
       back.setdefault(id(m), n)
   return [new.get(id(r), r) for r in roots], back, cuts
+
+
+# ---- graph rewrite: a matmul's column operand in the layout its register tile reads --------------------------------
+
+# a matmul's column operand read with a stride along its columns and stride 1 along the reduction (`x @ w.T`) is
+# copied transposed first where the product has at least this many multiply-adds and rows
+TRANSPOSE_MIN_WORK = 1 << 20
+TRANSPOSE_MIN_ROWS = 16
+# large float32 matmuls on devices with vector register tiles read their column operand from panels (relayout):
+# at least this many multiply-adds (batch aside), rows, and reduction length
+PANEL_MIN_WORK = 1 << 24
+# ...the copy is paid once per matmul and saved once per row tile (an MLP's batch of 256 rows: its step was 3.4 ms
+# without packing, 3.6-4.1 with it)
+PANEL_MIN_ROWS = 1024
+PANEL_MIN_K = 128
+
+
+def _matmul_operands(r: Node):
+  """(a, b, cast of a or None, cast of b or None) of a matmul-like reduction: a SUM over the second-last axis of
+  MUL(a', b') where a' and b' are VIEWs of shape [..., n, k, m] (each maybe under one CAST), a broadcast along the
+  columns m (the row operand), b along the rows n (the column operand); None for anything else."""
+  op, axes = r.arg
+  src = r.src[0]
+  nd = len(src.shape)
+  if op != "SUM" or src.op != "MUL" or axes != (nd - 2,) or nd < 3: return None
+  peeled = []
+  for x in src.src:
+    cast = x if x.op == "CAST" else None
+    v = x.src[0] if cast is not None else x
+    if v.op != "VIEW" or v.realized: return None
+    peeled.append((v, cast))
+  n, m = src.shape[-3], src.shape[-1]
+  along = lambda v, d: v.arg.strides[d] == 0 and v.shape[d] > 1
+  for (a, ca), (b, cb) in (peeled, peeled[::-1]):
+    if along(a, -1) and along(b, -3) and not along(a, -3) and not along(b, -1) and n > 1 and m > 1:
+      return a, b, ca, cb
+  return None
+
+
+def _panel_width(device: str, dtype, n: int, k: int, m: int) -> int:
+  """Columns per panel when a matmul's column operand is worth packing first, else 0. The register tile reads a
+  vector of b's columns per step of the reduction; in b's own layout those rows lie a row apart (an 8 KB stride for
+  2048 columns), so a long reduction walks a new page per step and the cache keeps few of the rows (they fall into a
+  handful of sets). Packed as (m/panel, k, panel), each panel is one consecutive stream, read once per row tile from
+  cache; the copy costs one pass over b. Devices whose kernels use vector register tiles (caps), float32."""
+  if dtype != dt.float32 or k < PANEL_MIN_K or n < PANEL_MIN_ROWS or n * k * m < PANEL_MIN_WORK: return 0
+  from fusegrad.runtime import device as rd
+  caps = rd.get(device).caps
+  if not caps.prefers_blocking or caps.has_local: return 0
+  p = max((w for w in caps.vector_widths if m % w == 0), default=0)
+  return p if p >= 8 and m >= 4 * p else 0
+
+
+def layout_operand(r: Node):
+  """(the matmul's operands (_matmul_operands), panel width or 0 for a transposed copy) when reduction r is a
+  matmul whose column operand is worth another layout first, else None."""
+  mm = _matmul_operands(r)
+  if mm is None: return None
+  a, b, ca, cb = mm
+  *batch, n, k, m = r.src[0].shape
+  p = _panel_width(r.device, r.src[0].dtype, n, k, m) if ca is None and cb is None else 0
+  if p: return mm, p
+  st = b.arg.strides
+  if b.arg.mask is None and st[-2] == 1 and st[-1] not in (0, 1) and n >= TRANSPOSE_MIN_ROWS and \
+     prod(batch) * n * k * m >= TRANSPOSE_MIN_WORK:
+    return mm, 0
+  return None
+
+
+def _core(v: Node) -> Node:
+  """View v without its broadcasts: each dim it broadcasts (stride 0, size > 1) at size 1."""
+  from fusegrad.graph.view import View
+  a = v.arg
+  shape = tuple(1 if st == 0 and s > 1 else s for s, st in zip(a.shape, a.strides))
+  mask = None if a.mask is None else tuple((0, 1) if st == 0 and s > 1 else mk for s, st, mk in zip(a.shape, a.strides, a.mask))
+  return gn._with_view(v.src[0], View(shape, a.strides, a.offset, mask))
+
+
+def relayout(r: Node, operands: tuple, panel: int) -> tuple[Node, Node, str]:
+  """Matmul r rebuilt on a copy of its column operand b: transposed (panel 0: its columns consecutive, the copy
+  once, then every row tile reads vectors), or packed in panels of `panel` columns ([..., m/panel, k, panel]: each
+  panel one stream) with r computed as [..., n, m/panel, 1, panel] and reshaped back. Returns (the node computing r's
+  value, the copy, why)."""
+  (a, b, ca, cb) = operands
+  src = r.src[0]
+  *batch, n, k, m = src.shape
+  cast = lambda x, c: gn.cast(x, c.dtype) if c is not None else x
+  bc = _core(b)                                       # [..., 1, k, m] (its own batch dims, broadcast ones at 1)
+  if not panel:
+    copy = gn.contiguous(bc)
+    nb = cast(gn.movement(copy, "EXPAND", b.shape), cb)
+    prod_ = gn.alu("MUL", cast(a, ca), nb) if src.src[0] in (a, ca) else gn.alu("MUL", nb, cast(a, ca))
+    return gn.reduce(prod_, "SUM", r.arg[1]), copy, \
+        f"the column operand of a [{n}x{k}] @ [{k}x{m}] matmul read across its columns: copied transposed"
+  lead = bc.shape[:-2]
+  packed = gn.movement(gn.movement(bc, "RESHAPE", lead + (k, m // panel, panel)), "PERMUTE",
+                       tuple(range(len(lead))) + tuple(len(lead) + i for i in (1, 0, 2)))
+  copy = gn.contiguous(packed)                        # [..., 1, m/panel, k, panel]
+  full = tuple(batch) + (n, m // panel, k, panel)
+  nb = cast(gn.movement(copy, "EXPAND", full), cb)
+  ac = _core(a)                                       # [..., n, k, 1]
+  na = cast(gn.movement(gn.movement(ac, "RESHAPE", ac.shape[:-2] + (1, k, 1)), "EXPAND", full), ca)
+  out = gn.reduce(gn.alu("MUL", na, nb), "SUM", (len(full) - 2,))     # [..., n, m/panel, 1, panel]
+  return gn.movement(out, "RESHAPE", r.shape), copy, \
+      f"the column operand of a [{n}x{k}] @ [{k}x{m}] float32 matmul packed in panels of {panel} columns"
 
 
 # ---- graph rule: a reduction's source that is itself a big reduction (a matmul feeding a sum) -------------------

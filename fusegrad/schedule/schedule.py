@@ -255,7 +255,7 @@ _schedule_cache: "OrderedDict[tuple, CachedSchedule]" = OrderedDict()
 class CachedSchedule:
   """A schedule stored by structure: each item as positions in the signature walk's node list, and the plan that
   engine/realize.py builds on its first run (the compiled kernels and their buffer wiring, replayed from then on).
-  A rewrite (rules.split_reductions) adds nodes of its own: their positions follow the walk's, and `extra` keeps
+  A rewrite (rules.rewrite_reductions) adds nodes of its own: their positions follow the walk's, and `extra` keeps
   what stands in for each on a later hit (its op, dtype, shape and device: a buffer to allocate, nothing else)."""
   __slots__ = ("entries", "plan", "extra")
 
@@ -306,7 +306,7 @@ def schedule(roots: list[Node]) -> tuple[list[ScheduleItem] | None, CachedSchedu
   stats["schedule_misses"] += 1
   # graph rewrites first (a big reduction into few outputs becomes two): the schedule is made for the rewritten
   # graph, and each item then names the original node wherever a new one replaced it
-  new_roots, back, cuts = rules.split_reductions(roots)
+  new_roots, back, cuts = rules.rewrite_reductions(roots)
   items = _create_schedule(new_roots, cuts)
   if back:
     orig = lambda xs: [back.get(id(x), x) for x in xs]

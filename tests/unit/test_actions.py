@@ -174,7 +174,7 @@ def _avx512(caps):
 
 
 def test_heuristic_tiles_a_panel_matmul_on_its_rows(rng):
-  """A matmul whose b was packed in panels (tensor._panel) and whose output stays [rows, panels, lanes] (an
+  """A matmul whose b was packed in panels (schedule/rules.relayout) and whose output stays [rows, panels, lanes] (an
   epilogue keeps the axes apart): the tile's rows are a's rows (the panel axis moves b's reads, not a's), its two
   column vectors come from the panel axis. It tiled the panels as rows once (1 x 8 vectors: 115 vs 195 GFLOP/s in
   a transformer's projections)."""

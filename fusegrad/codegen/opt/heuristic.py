@@ -97,7 +97,7 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   before (the column vectors of a tile). The tile's size fits caps' registers (without caps: ROW_LANES x
   COL_VECTORS).
   The rows are an axis the column operand does not move along (a matmul's rows of a, a convolution's output
-  channels); a matmul whose b was packed in panels (tensor._panel) has its columns in two axes, the panel and
+  channels); a matmul whose b was packed in panels (schedule/rules.relayout) has its columns in two axes, the panel and
   its lanes, and takes its column vectors from the panel axis. A column operand read with a stride along the
   columns (a multiple of the column index in its index) would make the tile scalar registers (spilled): no tile.
   The schedule's rules read it too: a tile recomputes a computed operand once per block, so they store expensive
