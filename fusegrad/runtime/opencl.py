@@ -43,6 +43,9 @@ class OpenCLDevice(Device):
       if cores: self.renderer.caps = replace(self.renderer.caps, tensor_cores=cores)   # this instance spells them
       self._caps = replace(self.renderer.caps, max_local=min(int(self.cl_device.max_work_group_size), 1024),
                            local_bytes=int(self.cl_device.local_mem_size), prefers_blocking=False)
+      # freed buffers kept for reuse: a GPU's own memory, up to a quarter of it (a 1 GiB result allocated afresh
+      # each call cost about 1 ms on an H100)
+      self.max_free_bytes = max(self.max_free_bytes, int(self.cl_device.global_mem_size) // 4)
     else: self._caps = self.renderer.caps
     self.compiles = 0
     # a kernel object's arguments are set, then it is enqueued: two threads launching one program at once
