@@ -1008,7 +1008,11 @@ class Tensor:
     if start < 0: start += self.shape[d]
     if length < 0 or start + length > self.shape[d]:
       raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({self.shape[d]}).")
-    return self._shrink([(start, start + length) if i == d else (0, s) for i, s in enumerate(self.shape)], view=True)
+    if type(length) is BoundDim and (start or length.var.hi > self.shape[d]):   # a runtime length (graph/dims.py)
+      raise IndexError(f"narrow(): a runtime length ({length.var.name}, up to {length.var.hi}) needs start 0 and at "
+                       f"most dimension {d}'s size {self.shape[d]}, got start {start}")
+    end = length if not start else start + length
+    return self._shrink([(start, end) if i == d else (0, s) for i, s in enumerate(self.shape)], view=True)
   def pad(self, padding, value=0.0, mode: str = "constant") -> "Tensor":
     """torch.nn.functional.pad: (left, right) pairs from the last dim backwards; modes constant,
     reflect, replicate and circular (the last three as views joined by one fused kernel)."""

@@ -87,6 +87,9 @@ def test_elementwise_output_and_views(device, rng):
     c = a.sum(0, keepdim=True).expand(4, n) - a[:4]                      # an expand beside it
     np.testing.assert_allclose(c.numpy(), (xn[:, :n] * 2 + yn[:n]).sum(0, keepdims=True) - (xn[:4, :n] * 2 + yn[:n]),
                                rtol=1e-5, atol=1e-5)
+    nw = x.narrow(1, 0, nb)                                                # narrow to a runtime length
+    assert type(nw.shape[1]) is fg.graph.dims.BoundDim
+    np.testing.assert_allclose((nw + 1).numpy(), xn[:, :n] + 1, rtol=1e-6)
     m = fg.arange(nb, device=device)                                       # arange of a runtime length
     assert m.shape == (n,) and type(m.shape[0]) is fg.graph.dims.BoundDim
     np.testing.assert_array_equal((m * 2).numpy(), np.arange(n) * 2)
@@ -135,6 +138,7 @@ def test_variable_errors():
   with pytest.raises(TypeError, match="integer"): V.bind(2.0)
   x = fg.Tensor(np.ones((4, 6), np.float32))
   with pytest.raises(IndexError, match="may reach 8, past dimension 1 of size 6"): x[:, :V.bind(3)]
+  with pytest.raises(IndexError, match="needs start 0"): fg.Tensor(np.ones((4, 16), np.float32)).narrow(1, 2, V.bind(3))
   with pytest.raises(NotImplementedError, match="runtime size"):
     fg.Tensor(np.ones(8, np.float32))[:V.bind(3)][fg.tensor([0, 1])].numpy()
 
