@@ -37,17 +37,17 @@ def rng() -> np.random.Generator:
 
 
 # files whose OPENCL rows run in `make test-ops` (see below): the per-operator tests, and the layers built of many
-# operators (transformer and recurrent layers: a minute of PoCL compiles on a fresh machine)
-OPS_FILES = ("test_ops.py", "test_autograd.py", "test_transformer.py", "test_rnn.py")
+# operators (nn layers, transformer and recurrent layers: a minute and a half of PoCL compiles on a fresh machine)
+OPS_FILES = ("test_ops.py", "test_autograd.py", "test_transformer.py", "test_rnn.py", "test_nn_layers.py")
 
 
 def pytest_collection_modifyitems(config, items):
   """The OPENCL cases of the per-operator tests (forward: tests/test_ops.py, gradients: tests/test_autograd.py) are
   operator-matrix variants (ops_full): on a fresh machine each is a PoCL compile, about half of `make test`'s cold
   time, for cases the CPU and PYTHON rows of the same tests cover in the normal suite; `make test-ops` (CI runs it
-  too) runs them, with the OPENCL cases of the transformer and recurrent layers' tests (whole layers of those
-  operators, forward and backward). The OPENCL device keeps its own tests in the normal suite (fusion, vectors,
-  half, jit, ...)."""
+  too) runs them, with the OPENCL cases of the nn layers', transformer's and recurrent layers' tests (whole layers
+  of those operators, forward and backward). The OPENCL device keeps its own tests in the normal suite (fusion,
+  vectors, half, jit, ...)."""
   for item in items:
     spec = getattr(item, "callspec", None)
     if item.path.name in OPS_FILES and spec is not None and spec.params.get("device") == "OPENCL":
