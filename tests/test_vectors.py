@@ -159,3 +159,24 @@ def test_padded_reduction_lanes_on_cpu(dtype, rng):
   item = one_kernel(t.sum(1))
   for opts in ((Opt(OptOp.UPCAST, 1, 8), Opt(OptOp.PADTO, 1, 16)), (Opt(OptOp.UPCAST, 1, 2), Opt(OptOp.PADTO, 1, 64))):
     np.testing.assert_array_equal(run(item, opts, "CPU"), x.sum(1, dtype=np.int64 if dtype == np.int32 else dtype))
+
+
+@pytest.mark.parametrize("device", [d for d in ("CPU", "OPENCL") if d in DEVICES])
+def test_vector_exp_is_the_scalar_exp(device, rng):
+  """exp is a vector op (passes.VECTOR_OPS): the C prelude's fg_vexp runs fg_expf's steps lane-wise (so no kernel's
+  speed hangs on the compiler's vectorizer), OpenCL calls fg_expf per lane; either gives the scalar kernel's bits,
+  special values included (inf, NaN, the clamps, underflow to 0), within 1 ulp of float64's exp."""
+  v = np.concatenate([rng.standard_normal(4096).astype(np.float32) * 40,
+                      np.array([np.nan, np.inf, -np.inf, 88.7, 88.8, 88.9, -103.9, -103.98, -104.1, -150, 0, -0.0, 1e-30,
+                                -87.3, 0.5, -0.5, 1.5, 2.5, -2.5], np.float32)])
+  v = np.resize(v, 4096 + 64).astype(np.float32)
+  x = fg.Tensor(v, device=device).realize()
+  item = one_kernel(x.exp())
+  opts = [Opt(OptOp.UPCAST, 0, 8)]
+  vec = run(item, opts, device)
+  assert "fg_vexp_" in rd.get(device).compile_with(item.kernel, opts).source or device != "CPU"
+  np.testing.assert_array_equal(vec.view(np.uint32), run(item, (), device).view(np.uint32))
+  with np.errstate(over="ignore"):
+    ref = np.exp(v.astype(np.float64))
+  fin = np.isfinite(ref) & (ref < 3e38)
+  np.testing.assert_allclose(vec[fin], ref[fin], rtol=2.5e-7, atol=1e-37)

@@ -91,7 +91,7 @@ def expand(k: Kernel, caps=None) -> Kernel:
 
 # what a vector UPCAST axis may carry: float32 values of these ops, loads and these reductions (every renderer with
 # vector types spells them lane-parallel); a kernel with anything else on the axis is expanded to scalars
-VECTOR_OPS = frozenset({"ADD", "SUB", "MUL", "DIV", "NEG", "MAX", "MIN"})
+VECTOR_OPS = frozenset({"ADD", "SUB", "MUL", "DIV", "NEG", "MAX", "MIN", "EXP"})
 VECTOR_REDUCES = frozenset({"SUM", "MAX", "MIN"})
 
 

@@ -100,6 +100,7 @@ class CStyleRenderer:
     if op in ops: return f"({a[0]}{ops[op]}{a[1]})"
     if op == "NEG": return f"(-{a[0]})"
     if op in ("MAX", "MIN"): return f"fg_v{op.lower()}_{self.vec_type(d)}({a[0]},{a[1]})"
+    if op == "EXP": return f"fg_vexp_{self.vec_type(d)}({a[0]})"
     raise NotImplementedError(f"{self.name} renderer has no vector spelling for {op}")
 
   # float32 exp/log/tanh/erf from the shared prelude (_MATH): vectorizable, and the same bits on every device
@@ -409,6 +410,22 @@ def _c_vectors(widths) -> str:
     for op, cmp in (("max", ">"), ("min", "<")):
       out.append(f"static inline {t} fg_v{op}_{t}({t} a, {t} b) {{ {m} k = (a {cmp} b) | (a != a); "
                  f"return ({t})((k & ({m})a) | (~k & ({m})b)); }}")
+    # fg_expf lane-wise in vector operations (the same steps, so the same bits): rintf as the add-and-subtract of
+    # 1.5 * 2^23 (exact round-to-nearest-even below 2^22), the selects as masks
+    sel = lambda k, a, b: f"({t})(({k} & ({m})({a})) | (~{k} & ({m})({b})))"
+    out.append(
+      f"static inline {t} fg_vexp_{t}({t} x) {{\n"
+      f"  {t} z = ({t}){{0}}, c = {sel('(x > 88.8f)', 'z + 88.8f', sel('(x < -104.0f)', 'z - 104.0f', 'x'))};\n"
+      f"  {t} k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;\n"
+      f"  {t} r = c - k * 0.693359375f;\n  r = r - k * -2.12194440e-4f;\n"
+      f"  {t} p = z + 1.9875691500e-4f;\n"
+      f"  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;\n"
+      f"  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;\n"
+      f"  {t} y = p * r * r + r + 1.0f;\n"
+      f"  {m} ki = __builtin_convertvector(k, {m}), k1 = ki / 2, k2 = ki - k1;\n"
+      f"  y = y * ({t})((k1 + 127) << 23) * ({t})((k2 + 127) << 23);\n"
+      f"  y = {sel('(x < -103.972f)', 'z', 'y')};\n"
+      f"  return {sel('(x != x)', 'x', 'y')};\n}}")
   return "\n".join(out)
 
 
@@ -506,6 +523,8 @@ class OpenCLRenderer(CStyleRenderer):
   def valu(self, op: str, d: VecDType, a: list) -> str:
     if op in ("MAX", "MIN"):
       return f"select({a[1]},{a[0]},({a[0]}{'>' if op == 'MAX' else '<'}{a[1]})|isnan({a[0]}))"
+    if op == "EXP":   # the shared prelude's fg_expf, lane by lane (the same bits as the scalar kernels)
+      return f"(({self.vec_type(d)})({','.join(f'fg_expf({a[0]}.s{i:x})' for i in range(d.count))}))"
     return super().valu(op, d, a)
   def library_fn(self, name: str, d: dt.DType) -> str: return name    # overloaded builtins
   def literal(self, v, d: dt.DType) -> str:
