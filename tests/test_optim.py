@@ -22,7 +22,9 @@ CASES = {
   "adam_decoupled_maximize": dict(cls="Adam", kw=dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True,
                                                       maximize=True)),
   "rmsprop": dict(cls="RMSprop", kw=dict()),
-  "rmsprop_alpha_eps": dict(cls="RMSprop", kw=dict(lr=0.005, alpha=0.9, eps=1e-4)),
+  # eps 1e-4 with alpha 0.9: a gradient component near zero divides its rounding by about eps (150 seeds: at most
+  # 6e-6; seed 3788732972 reaches 2.4e-5, the same before this session's changes)
+  "rmsprop_alpha_eps": dict(cls="RMSprop", kw=dict(lr=0.005, alpha=0.9, eps=1e-4), atol=5e-5),
   "rmsprop_momentum": dict(cls="RMSprop", kw=dict(lr=0.005, momentum=0.9)),
   "rmsprop_centered": dict(cls="RMSprop", kw=dict(lr=0.005, centered=True)),
   "rmsprop_centered_momentum_wd": dict(cls="RMSprop", kw=dict(lr=0.005, momentum=0.5, centered=True, weight_decay=0.1)),
