@@ -274,9 +274,9 @@ class _Builder:
     return v if n.op in EXACT_OPS else round16(v)
 
 
-def _alu_count(n: Node, is_leaf, limit: int, cost: dict | None = None) -> int:
+def _alu_count(n: Node, is_leaf, limit: int, cost: dict | None = None, masked: int = 0) -> int:
   """ALU ops computing n inside a kernel (up to leaves and reductions), counting no further than limit;
-  `cost` weighs some ops more than one."""
+  `cost` weighs some ops more than one, and a read through padding (a view with a mask) counts `masked`."""
   seen, stack, count = set(), [n], 0
   while stack and count <= limit:
     x = stack.pop()
@@ -285,6 +285,7 @@ def _alu_count(n: Node, is_leaf, limit: int, cost: dict | None = None) -> int:
     # widening a 16-bit float to float32 is free: its load already gives float32
     widen = x.op == "CAST" and x.dtype == dt.float32 and x.src[0].dtype in (dt.float16, dt.bfloat16)
     if x.op not in ("VIEW", "CONTIGUOUS") and not widen: count += cost.get(x.op, 1) if cost else 1
+    elif masked and x.op == "VIEW" and x.arg.mask is not None: count += masked
     stack.extend(x.src)
   return count
 

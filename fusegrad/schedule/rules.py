@@ -376,6 +376,12 @@ def broadcast_reduction(f: Fusion, p: Params):
 FUSION_RULES = (index_recompute, nested_reduction, parallel_work, broadcast_reduction)
 
 
+# a read through padding (a masked view: a concatenation's parts, a convolution's border) costs its condition and
+# its index arithmetic beside the load: as an operand recomputed in a tile's inner loop it counts as this many ops
+# (the q/k/v gradients concatenated into a weight gradient's operand took 2.5 ms where the stored operand takes 1.1)
+MASKED_READ_COST = 2
+
+
 def tile_operands(f: Fusion, k: Kernel, p: Params):
   """The register tile the optimizer picks for k (codegen/opt/heuristic) recomputes a computed operand once per
   block: the operand along the tile's columns (the vectorized inner loop) must be plain stride-1 loads, and an
@@ -385,8 +391,7 @@ def tile_operands(f: Fusion, k: Kernel, p: Params):
   col, rows = next(v for v, _ in reversed(tile) if v is not None), heuristic.ROW_LANES
   width = prod(n for v, n in tile if v is col or v is None)   # the columns one block computes
   for src, along, strided, bcast in f.operands(col):
-    ops = _alu_count(src, f.is_leaf, p.recompute_ops, _OP_COST)
-    if not along: ops += MASKED_READ_COST * _masked_reads(src, f.is_leaf, p.recompute_ops)
+    ops = _alu_count(src, f.is_leaf, p.recompute_ops, _OP_COST, 0 if along else MASKED_READ_COST)
     if along:
       if strided or ops > p.recompute_ops or (ops and bcast // rows >= p.block_recompute):
         return src, "a computed operand read across the vectorized column lanes"
@@ -394,24 +399,6 @@ def tile_operands(f: Fusion, k: Kernel, p: Params):
     # mask on dh in dW = x^T @ dh, 784 columns in blocks of 16, was 5x the matmul's time)
     elif ops > p.recompute_ops or (ops and bcast // width >= p.block_recompute):
       return src, "a computed operand recomputed for every block of columns"
-
-
-# a read through padding (a masked view: a concatenation's parts, a convolution's border) costs its condition and
-# its index arithmetic beside the load: as an operand recomputed in a tile's inner loop it counts as this many ops
-# (the q/k/v gradients concatenated into a weight gradient's operand took 2.5 ms where the stored operand takes 1.1)
-MASKED_READ_COST = 2
-
-
-def _masked_reads(n: Node, is_leaf, limit: int) -> int:
-  """Views with a mask (reads through padding) computing n inside a kernel, counting no further than limit."""
-  seen, stack, count = set(), [n], 0
-  while stack and count <= limit:
-    x = stack.pop()
-    if id(x) in seen or x.op == "REDUCE": continue
-    seen.add(id(x))
-    if x.op == "VIEW" and x.arg.mask is not None: count += 1
-    if not is_leaf(x): stack.extend(x.src)
-  return count
 
 
 def judge(f: Fusion, p: Params):

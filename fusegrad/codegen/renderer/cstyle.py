@@ -563,8 +563,9 @@ class OpenCLRenderer(CStyleRenderer):
     group = lambda n: "{" + ",".join(f"%{next(slots)}" for _ in range(n)) + "}"
     text = f"{tc.name} {group(nc)}, {group(len(ra))}, {group(len(rb))}, {group(nc)};"
     w.out(f"float {', '.join(ds)};")
-    w.out(f'asm volatile("{text}" : {", ".join(f"{chr(34)}=f{chr(34)}({d})" for d in ds)} : '
-          f'{", ".join([f"{chr(34)}r{chr(34)}({r})" for r in ra + rb] + [f"{chr(34)}f{chr(34)}({c}.s{i:x})" for i in range(nc)])});')
+    outs = ", ".join('"=f"(%s)' % d for d in ds)
+    ins = ", ".join(['"r"(%s)' % r for r in ra + rb] + ['"f"(%s.s%x)' % (c, i) for i in range(nc)])
+    w.out(f'asm volatile("{text}" : {outs} : {ins});')
     w.out(f"float{nc} {st.name} = (float{nc})({', '.join(ds)});")
 
   def render(self, k: Kernel, listing: list) -> str:
