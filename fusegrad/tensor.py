@@ -18,7 +18,7 @@ from fusegrad.dtype import DType
 from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod
-from fusegrad.graph.dims import BoundDim, from_storage
+from fusegrad.graph.dims import BoundDim, from_storage, storage_shape
 from fusegrad.runtime import device as rd
 from fusegrad import autograd
 from fusegrad import alias
@@ -1630,11 +1630,12 @@ def _advanced(y: Tensor, adv: list) -> Tensor:
   nd_b = len(bshape)
   def place_rest(d: int) -> tuple:
     return (out_shape, nb + nd_b + after.index(d) if d in after else before.index(d))
+  # positions in the data's buffer: its storage layout (a runtime size at its bound, graph/dims.py)
   strides = [1] * y.ndim
   acc = 1
-  for d in reversed(range(y.ndim)):
+  for d, size in reversed(list(enumerate(storage_shape(y.shape)))):
     strides[d] = acc
-    acc *= y.shape[d]
+    acc *= size
   flat, ok = None, None
   for p, t in zip(positions, idx):
     lazy = not (t.node.realized or t.node.op in ("BUFFER", "CONST"))   # unchecked above

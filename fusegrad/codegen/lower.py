@@ -266,7 +266,7 @@ class _Builder:
       return round16(r) if op in ("SUM", "PROD") else r
     if n.op == "GATHER":  # the data is a realized contiguous buffer (the scheduler made sure)
       data = n.src[0]
-      return Gather(self.buf(data), data.numel, self.ev(n.src[1], idx, gate), n.dtype)
+      return Gather(self.buf(data), dims.storage_numel(data.shape), self.ev(n.src[1], idx, gate), n.dtype)
     if n.op == "CONTIGUOUS": return self.ev(n.src[0], idx, gate)
     if n.op == "CAST": return Alu(n.op, n.dtype, (self.ev(n.src[0], idx, gate),))
     v = Alu(n.op, n.dtype, tuple(self.ev(s, idx, gate) for s in n.src))

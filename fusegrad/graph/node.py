@@ -219,10 +219,8 @@ def movement(n: Node, op: str, arg) -> Node:
 
 
 def gather(data: Node, pos: Node) -> Node:
-  """out[i] = data (flattened, contiguous) at position pos[i]; 0 where pos is out of range."""
-  if dims.tags(data.shape):
-    raise NotImplementedError(f"gathering from a tensor of shape {data.shape} with a runtime size (a Variable's "
-                              f"{', '.join(v.name for _, v in dims.tags(data.shape))}) is not supported yet")
+  """out[i] = data (its buffer, in its storage layout: graph/dims.py) at position pos[i]; 0 where pos is out of
+  range."""
   return make("GATHER", data.dtype, (data, pos), None, pos.shape, data.device)
 
 
