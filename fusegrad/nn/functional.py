@@ -180,7 +180,11 @@ def _conv_rows(xp: Tensor, weight: Tensor, bias, ks: tuple, stride: tuple, dilat
   if padded > (1 + ROWS_WASTE) * math.prod(out): return None
   steps = tuple(d * c for d, c in zip(dilation, cs))
   L = padded + builtins.sum((k - 1) * s for k, s in zip(ks, steps))
-  flat = xp.reshape(N * C, math.prod(sp)).pad((0, L - math.prod(sp))).contiguous()
+  # the positions past the input's end that the windows read are whole zero rows appended to the first spatial dim:
+  # the copy then loops over rows and columns (a flat pad would divide every position by the row length)
+  more = -(-L // cs[0]) - sp[0]
+  if more > 0: xp = xp.pad((0, 0) * (nd - 1) + (0, more))
+  flat = xp.contiguous().reshape(N * C, -1)
   y = rows_matmul(flat, weight, N, G, ks, steps, padded)
   if bias is not None: y = y + bias.reshape(1, O, 1)
   y = y.contiguous()
