@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import datetime
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import fusegrad as fg  # noqa: E402
+from machine import describe  # noqa: E402
 import torch  # noqa: E402
 from nanogpt_model import GPTConfig, build  # noqa: E402
 from fusegrad.engine import realize as fg_realize  # noqa: E402
@@ -186,19 +186,6 @@ def measure(steps: dict, n: int, rounds: int) -> tuple[dict, dict]:
   return best, loss
 
 
-def machine() -> str:
-  model = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      info = f.read()
-    model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
-    flags = next(line for line in info.splitlines() if line.startswith("flags")).split()
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
-  except (OSError, StopIteration):
-    isa = "?"
-  return f"{model} ({isa}), {os.cpu_count()} cpus"
-
-
 def main() -> None:
   rng = np.random.default_rng(0)
   fg.manual_seed(0)
@@ -214,7 +201,7 @@ def main() -> None:
     pstats.Stats(pr).sort_stats(os.environ.get("SORT","tottime")).print_stats(int(os.environ.get("NPR","30")))
     return
   commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-  print(f"# bench_eager: {machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads), fusegrad {commit}, "
+  print(f"# bench_eager: {describe()}, torch {torch.__version__} ({torch.get_num_threads()} threads), fusegrad {commit}, "
         f"{ARGS.rounds} rounds x {ARGS.steps} steps{', gc.freeze()' if ARGS.gc_freeze else ''}, {datetime.datetime.now():%Y-%m-%d %H:%M}")
   print("| case | torch ms | fusegrad eager ms | eager, no replay ms | fusegrad.jit ms | eager vs torch | "
         "no replay vs torch | jit vs torch | eager / jit time | loss torch / eager / jit |")

@@ -7,6 +7,7 @@ Each result is checked against PyTorch's (relative error of the norm). Matmuls r
 
     python bench/bench_gpu.py            # full sizes (the issue's: 2^28 elements, 8192^2, 4096^3)
     python bench/bench_gpu.py --quick    # small sizes
+    python bench/bench_gpu.py --beam 4   # also with kernels chosen by a BEAM search
 """
 from __future__ import annotations
 import argparse
@@ -20,6 +21,8 @@ def parse_args(argv=None):
   ap.add_argument("--quick", action="store_true")
   ap.add_argument("--runs", type=int, default=20)
   ap.add_argument("--compile", action="store_true", help="also time torch.compile (slow to start)")
+  ap.add_argument("--beam", type=int, default=0, help="also time each case (but bf16) with kernels chosen by a BEAM "
+                  "search of this width (FUSEGRAD_BEAM_BUDGET bounds each kernel's search)")
   return ap.parse_args(argv)
 
 
@@ -61,18 +64,23 @@ def main(argv=None) -> None:
      "bfloat16"),
   ]
   rows = []
-  for name, shapes, f_fg, f_th, nbytes, flops, *dtype in cases:
+  todo = [(c, 0) for c in cases] + ([(c, args.beam) for c in cases if len(c) == 6] if args.beam else [])
+  for (name, shapes, f_fg, f_th, nbytes, flops, *dtype), beam in todo:
+    if beam: name = f"{name}, BEAM {beam}"
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     fx = [fg.tensor(x, device="OPENCL").to(getattr(fg, dtype[0]) if dtype else fg.float32).realize() for x in xs]
     tx = [torch.tensor(x, device="cuda").to(getattr(torch, dtype[0]) if dtype else torch.float32) for x in xs]
-    got = f_fg(*fx).float().numpy()
+    with fg.beam(beam):   # the search runs on the first call; its choices are reused after
+      got = f_fg(*fx).float().numpy()
     want = f_th(*tx).double().cpu().numpy()
     err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
-    t_fg = _median_time(lambda: f_fg(*fx).realize(), dev.synchronize, args.runs)
-    with fg.track() as tr:
-      f_fg(*fx).realize()
+    with fg.beam(beam):
+      t_fg = _median_time(lambda: f_fg(*fx).realize(), dev.synchronize, args.runs)
+      with fg.track() as tr:
+        f_fg(*fx).realize()
     k_time = sum(k.time_s for k in tr.kernels)
     t_th = _median_time(lambda: f_th(*tx), torch.cuda.synchronize, args.runs)
+    if beam: print(f"  {name}: " + "; ".join(f"{k.name} {list(k.opts)}" for k in tr.kernels), flush=True)
     t_tc = None
     if args.compile:
       cf = torch.compile(f_th)

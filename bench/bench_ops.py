@@ -30,6 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                   "(default 1.5, or 0.3 with --quick); always at least one run after the warm-up")
   ap.add_argument("--threads", type=int, default=0, help="threads for every library (fusegrad, numpy's BLAS, "
                   "torch); default: each library's own default (all cores)")
+  ap.add_argument("--compile", action="store_true", help="also time torch.compile on the elementwise, softmax, "
+                  "layernorm and sum cases (its inductor C++ backend; slow to start)")
   ap.add_argument("--beam", type=int, default=0, help="also time the sum and matmul cases with kernels chosen by "
                   "a BEAM search of this width (fusegrad.beam; results are kept in the disk cache)")
   return ap.parse_args(argv)
@@ -44,6 +46,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import fusegrad as fg  # noqa: E402
+from machine import describe  # noqa: E402
 
 try:
   import torch
@@ -105,6 +108,10 @@ def th_conv_train(x, w, g):
   return torch.cat([x.grad.flatten(), w.grad.flatten()])
 
 
+# the cases --compile also times under torch.compile (a matmul or convolution compiles to the same library call)
+COMPILED = ("relu", "softmax", "layernorm", "sum")
+
+
 def cases(quick: bool):
   n_ew = 1 << (20 if quick else 24)
   n_sm = 1024 if quick else 4096
@@ -147,20 +154,6 @@ def median_ms(fn, budget_s: float, max_runs: int = 15) -> tuple[float, int]:
   return statistics.median(times) * 1e3, len(times)
 
 
-def machine() -> str:
-  model = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          model = line.split(":", 1)[1].strip()
-          break
-  except OSError:
-    pass
-  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return f"{model}, {os.cpu_count()} logical cores ({usable} usable), {platform.system()} {platform.machine()}"
-
-
 def blas_name() -> str:
   try:
     cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
@@ -192,7 +185,7 @@ def main() -> int:
   args = ARGS
   budget = args.budget if args.budget is not None else (0.3 if args.quick else 1.5)
 
-  print(f"machine: {machine()}")
+  print(f"machine: {describe()}")
   blas_threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
   print(f"python {platform.python_version()}, numpy {np.__version__} ({blas_name()}, {blas_threads} threads), "
         f"torch {torch.__version__ + f' ({torch.get_num_threads()} threads)' if torch else 'not installed'}, "
@@ -239,17 +232,25 @@ def main() -> int:
       ts = [torch.from_numpy(a) for a in arrays]
       f_th(*ts)   # warm-up
       th_ms, _ = median_ms(lambda: f_th(*ts), budget)
-    rows.append((name, fg_ms, np_ms, th_ms, kernels, kernel_ms, runs, "PASS" if ok else f"FAIL (max err {err:.3g})"))
-    print(f"  {name}: fusegrad {fg_ms:.2f} ms ({runs} runs), numpy {np_ms:.2f} ms, torch {th_ms:.2f} ms, "
-          f"max abs err {err:.2g}", file=sys.stderr)
+    tc_ms = float("nan")
+    if torch is not None and args.compile and not beam and name.startswith(COMPILED):
+      f_tc = torch.compile(f_th)
+      f_tc(*ts)   # compiles
+      tc_ms, _ = median_ms(lambda: f_tc(*ts), budget)
+    rows.append((name, fg_ms, np_ms, th_ms, tc_ms, kernels, kernel_ms, runs,
+                 "PASS" if ok else f"FAIL (max err {err:.3g})"))
+    print(f"  {name}: fusegrad {fg_ms:.2f} ms ({runs} runs), numpy {np_ms:.2f} ms, torch {th_ms:.2f} ms"
+          + (f", torch.compile {tc_ms:.2f} ms" if tc_ms == tc_ms else "") + f", max abs err {err:.2g}", file=sys.stderr)
 
   def fmt(ms): return "n/a" if ms != ms else (f"{ms:.3f}" if ms < 1 else f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}")
   def ratio(a, b): return "n/a" if a != a else f"{a / b:.2f}x"
-  print("| case | fusegrad ms | numpy ms | torch ms | numpy/fusegrad | torch/fusegrad | kernels | "
-        "fusegrad kernel ms | check |")
-  print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
-  for name, f, n, t, k, kms, runs, check in rows:
-    print(f"| {name} | {fmt(f)} | {fmt(n)} | {fmt(t)} | {ratio(n, f)} | {ratio(t, f)} | {k} | {fmt(kms)} | {check} |")
+  tc = args.compile and torch is not None
+  print("| case | fusegrad ms | numpy ms | torch ms | " + ("torch.compile ms | " if tc else "") + "numpy/fusegrad | "
+        "torch/fusegrad | " + ("torch.compile/fusegrad | " if tc else "") + "kernels | fusegrad kernel ms | check |")
+  print("|---|" + "---:|" * (8 if tc else 7) + "---|")
+  for name, f, n, t, c, k, kms, runs, check in rows:
+    print(f"| {name} | {fmt(f)} | {fmt(n)} | {fmt(t)} | " + (f"{fmt(c)} | " if tc else "") + f"{ratio(n, f)} | "
+          f"{ratio(t, f)} | " + (f"{ratio(c, f)} | " if tc else "") + f"{k} | {fmt(kms)} | {check} |")
   print(f"\nmedian wall time per call; ratios above 1x mean fusegrad is faster. 'fusegrad kernel ms' is the "
         f"median time inside the kernels themselves (fusegrad.track()); the rest of 'fusegrad ms' is graph building, "
         f"scheduling and launch overhead. Total bench time {time.perf_counter() - t_start:.0f} s"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import sys
 import time
 
@@ -41,6 +40,7 @@ if ARGS.threads > 0:
 import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import fusegrad as fg  # noqa: E402
+from machine import describe  # noqa: E402
 import fusegrad.nn as nn  # noqa: E402
 import fusegrad.nn.functional as F  # noqa: E402
 import torch  # noqa: E402
@@ -135,7 +135,7 @@ def main() -> None:
   n = ARGS.steps or (10 if ARGS.quick else 40)
   rng = np.random.default_rng(0)
   fg.manual_seed(0)
-  print(f"# bench_train: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+  print(f"# bench_train: {describe()}, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), {n} timed steps, "
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}")
   print("| case | fusegrad jit steps/s | fusegrad eager steps/s | torch steps/s | jit vs torch | eager vs torch | "

@@ -29,6 +29,11 @@ CACHE_DIR = os.environ.get("FUSEGRAD_CACHE_DIR") or DEFAULT_CACHE_DIR
 DISABLE_DISK_CACHE = _int("FUSEGRAD_NO_DISK_CACHE", 0)  # 1: compile everything afresh
 MAX_CACHE_ENTRY_BYTES = 64 << 20                        # larger cache entries are neither written nor read
 CC = os.environ.get("FUSEGRAD_CC", "")                  # C compiler for the CPU device (default: clang, gcc, cc)
+# the CPU device's instruction set: "native" (-march=native) or "avx2" (an AVX-512 host compiles as an AVX2-only
+# one would: the code, vector widths and register tiles of a Zen 3; for testing and measuring that path)
+CPU_ISA = (os.environ.get("FUSEGRAD_CPU_ISA", "") or "native").lower()
+if CPU_ISA not in ("native", "avx2"):
+  raise ValueError(f"FUSEGRAD_CPU_ISA must be one of native, avx2, got {CPU_ISA!r}")
 THREADS = _int("FUSEGRAD_THREADS", 0)                   # CPU worker threads (0: one per core)
 MAX_PROGRAMS = _int("FUSEGRAD_MAX_PROGRAMS", 2048)      # compiled programs kept in memory per device (LRU)
 EAGER_REPLAY = bool(_int("FUSEGRAD_EAGER_REPLAY", 1))  # 0: realize schedules step by step (no replay of cached plans)

@@ -1,4 +1,4 @@
-"""Vector values (codegen/passes.vector_axis, ir.VecDType): an UPCAST axis of a vector width becomes vector loads,
+"""Vector values (codegen/passes.vector_axes, ir.VecDType): an UPCAST axis of a vector width becomes vector loads,
 arithmetic, accumulators and stores in C (GCC vector extensions) and OpenCL C. Each case runs the kernel with
 actions on a compiling device and compares with the interpreter (PYTHON: no vectors, the canonical kernel)."""
 from __future__ import annotations
@@ -23,7 +23,8 @@ def _devices():
 
 DEVICES = _devices()
 VEC = {"CPU": "fg_float32x", "OPENCL": "float"}
-W = {"CPU": 16, "OPENCL": 8}      # the widest vector of each renderer (renderer caps)
+# the widest vector of each device (its caps: the CPU's are those this host holds in one register, 16 or 8 lanes)
+W = {d: max(rd.get(d).caps.vector_widths) for d in DEVICES}
 
 
 def _t(rng, dev, *shape):
@@ -96,8 +97,8 @@ def test_max_and_min_lanes_propagate_nan(dev, rng):
 @pytest.mark.parametrize("dev", DEVICES)
 def test_elementwise_arithmetic(dev, rng):
   a, b, c = _t(rng, dev, 8, 64), _t(rng, dev, 8, 64), _t(rng, dev, 8, 64)
-  out = -(a * 2 + b) / (c.abs() + 1) - fg.minimum(a, b)
-  # abs is not a vector op: the kernel stays scalar (and right)
+  out = -(a * 2 + b) / (c.sin() + 2) - fg.minimum(a, b)
+  # sin is not a vector op: the kernel stays scalar (and right)
   got, want = _run(out, (Opt(OptOp.UPCAST, 1, 8),), dev, None)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   out = -(a * 2 + b) / (c * c + 1) - fg.minimum(a, b)
@@ -137,7 +138,7 @@ def test_heuristic_vectorizes_elementwise_and_big_matmul_packs(rng):
   a, b = _t(rng, "CPU", 64, 256), _t(rng, "CPU", 64, 256)
   item = one_kernel(a * b + a)
   opts = heuristic.hand_coded(item.kernel, rd.get("CPU").caps)
-  assert [o.op for o in opts] == [OptOp.UPCAST] and opts[0].arg == 16
+  assert [o.op for o in opts] == [OptOp.UPCAST] and opts[0].arg == W["CPU"]
   x, w = _t(rng, "CPU", 1024, 128), _t(rng, "CPU", 128, 256)
   with fg.track() as tr:
     y = (x @ w).numpy()
@@ -174,9 +175,148 @@ def test_vector_exp_is_the_scalar_exp(device, rng):
   item = one_kernel(x.exp())
   opts = [Opt(OptOp.UPCAST, 0, 8)]
   vec = run(item, opts, device)
-  assert "fg_vexp_" in rd.get(device).compile_with(item.kernel, opts).source or device != "CPU"
+  src = rd.get(device).compile_with(item.kernel, opts).source
+  assert "fg_vexp_" in src[src.rindex(f"void {item.kernel.name}("):] or device != "CPU"
   np.testing.assert_array_equal(vec.view(np.uint32), run(item, (), device).view(np.uint32))
   with np.errstate(over="ignore"):
     ref = np.exp(v.astype(np.float64))
   fin = np.isfinite(ref) & (ref < 3e38)
   np.testing.assert_allclose(vec[fin], ref[fin], rtol=2.5e-7, atol=1e-37)
+
+
+@pytest.mark.parametrize("device", [d for d in ("CPU", "OPENCL") if d in DEVICES])
+@pytest.mark.parametrize("fn", ["log", "tanh", "erf"])
+def test_vector_math_is_the_scalar_math(device, fn, rng):
+  """log, tanh and erf are vector ops too (the C prelude's fg_vlog/fg_vtanh/fg_verf: the scalar functions' steps on
+  vectors; OpenCL: the scalar function per lane): the scalar kernel's values at every vector width, special values
+  included (subnormals, 0, -0, inf, NaN, negatives for log; the branch points of tanh and the clamps of erf)."""
+  special = {"log": [np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, 1e-40, 1e-45, 1.17549435e-38, 0.7071067, 0.7071068, 1.0,
+                     3.4e38],
+             "tanh": [np.nan, np.inf, -np.inf, 0.0, -0.0, 0.6249, 0.625, -0.625, 19.99, 20.0, 25.0, -30.0, 1e-30],
+             "erf": [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.99, 4.0, 4.01, -4.0, -9.0, 1e-30, 0.5, -0.5]}[fn]
+  body = rng.standard_normal(2048).astype(np.float32) * 3
+  if fn == "log": body = np.abs(body) * np.float32(10.0) ** rng.integers(-30, 30, 2048).astype(np.float32)
+  v = np.resize(np.concatenate([body, np.array(special, np.float32)]), 2048 + 64).astype(np.float32)
+  x = fg.Tensor(v, device=device).realize()
+  item = one_kernel(getattr(x, fn)())
+  scalar = run(item, (), device)
+  for w in sorted({8, W[device]}):
+    opts = [Opt(OptOp.UPCAST, 0, w)]
+    src = rd.get(device).compile_with(item.kernel, opts).source
+    if device == "CPU": assert f"fg_v{fn}_" in src[src.rindex(f"void {item.kernel.name}("):]
+    got = run(item, opts, device)
+    # the same steps; a compiler may contract a multiply-add into an FMA in one and not the other (gcc, AVX2: log
+    # once in a few thousand values): 1 ulp
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(scalar))
+    np.testing.assert_array_max_ulp(np.nan_to_num(got), np.nan_to_num(scalar), maxulp=1)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    import math
+    ref = {"log": np.log(v.astype(np.float64)), "tanh": np.tanh(v.astype(np.float64)),
+           "erf": np.array([math.erf(t) if np.isfinite(t) else (np.sign(t) if not np.isnan(t) else np.nan) for t in v.astype(np.float64)])}[fn]
+  np.testing.assert_allclose(scalar, ref, rtol=1e-6, atol=1e-6 if fn != "log" else 0)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_comparisons_are_lane_masks(dev, rng):
+  """A comparison of float32 vectors read only as a condition is a lane mask (C: an int32 vector of all-ones lanes;
+  OpenCL: select): a ReLU, a where() on a computed condition, a ReLU's gradient `(x > 0) * g`, and a where() whose
+  condition does not move along the vector (one select of two vectors). sqrt is a vector op too. Each gives the
+  scalar kernel's bits (NaN compares false in both) and numpy's values."""
+  x = rng.standard_normal((8, 64)).astype(np.float32)
+  x[1, 5], x[2, 0], x[4, 9] = np.nan, np.inf, -np.inf
+  g = rng.standard_normal((8, 64)).astype(np.float32)
+  c = rng.standard_normal((8, 1)).astype(np.float32)
+  tx, tg, tc = (fg.Tensor(v, device=dev) for v in (x, g, c))
+  cases = [(tx.relu(), np.where(x <= 0, 0, x)),
+           (fg.where(tx > 0.5, tx * 2, (tx.abs() + 1).sqrt()), np.where(x > 0.5, x * 2, np.sqrt(np.abs(x) + 1))),
+           ((tx > 0).float() * tg, (x > 0) * g),
+           (fg.where(tc > 0, tx, tg), np.where(c > 0, x, g))]
+  mask = {"CPU": "fg_int32x", "OPENCL": "select("}[dev]
+  for out, want in cases:
+    item = one_kernel(out)
+    opts = (Opt(OptOp.UPCAST, 1, W[dev]),)
+    src = rd.get(dev).compile_with(item.kernel, opts).source
+    body = src[src.rindex(f"void {item.kernel.name}("):]
+    assert f"{VEC[dev]}{W[dev]}" in body, body
+    if out is not cases[3][0]: assert mask in body, body
+    got = run(item, opts, dev)
+    np.testing.assert_array_equal(got.view(np.uint32), run(item, (), dev).view(np.uint32))
+    with np.errstate(invalid="ignore"):
+      np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(_ref(item, opts), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dev", ["PYTHON"] + DEVICES)
+def test_several_vector_axes_in_one_kernel(dev, rng):
+  """A softmax's kernel has three loops over its row: the max, the sum of exp(x - max), and the outputs. The
+  heuristic gives each vector lanes, and each becomes its own vectors (passes.vector_axes: no value is along two of
+  them); the outputs' vector store stays one store when the later axes are vectorized. Values match numpy, NaN rows
+  included; so does a layer norm (mean, variance, outputs)."""
+  x = rng.standard_normal((16, 512)).astype(np.float32) * 3
+  x[3, 7] = np.nan
+  t = fg.Tensor(x, device=dev)
+  item = one_kernel(t.softmax(-1))
+  # the CPU's choice of actions (on OPENCL: with its 8-lane vectors)
+  from dataclasses import replace
+  caps = rd.get(dev).caps if dev != "OPENCL" else replace(rd.get("CPU").caps, vector_widths=(2, 4, 8), native_lanes=8)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  from fusegrad.codegen import passes
+  from fusegrad.codegen.opt.actions import apply_opts
+  from fusegrad.codegen.ir import dependencies
+  ko = apply_opts(item.kernel, opts, rd.get(dev).caps)
+  assert len(passes.vector_axes(ko, rd.get(dev).caps, dependencies([st.value for st in ko.stores]))) == 3, opts
+  got = run(item, opts, dev)
+  e = np.exp(x - x.max(-1, keepdims=True))
+  want = e / e.sum(-1, keepdims=True)
+  assert np.isnan(got[3]).all() and not np.isnan(np.delete(got, 3, 0)).any()
+  np.testing.assert_allclose(np.delete(got, 3, 0), np.delete(want, 3, 0), rtol=1e-5, atol=1e-7)
+  y = x.copy()
+  y[3, 7] = 0
+  t = fg.Tensor(y, device=dev)
+  item = one_kernel(fg.nn.functional.layer_norm(t, (512,)))
+  got = run(item, heuristic.hand_coded(item.kernel, caps), dev)
+  want = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+_AVX2_PROGRAM = r"""
+import numpy as np, fusegrad as fg, fusegrad.nn.functional as F
+from fusegrad.runtime import cpu, device as rd
+assert cpu.host_vectors() == (16, 8, "AVX2") and rd.get("CPU").caps.native_lanes == 8
+assert "-mno-avx512f" in cpu.compiler_flags()
+rng = np.random.default_rng(int.from_bytes(__import__("os").urandom(4), "little"))
+a, b = rng.standard_normal((96, 160), dtype=np.float32), rng.standard_normal((160, 64), dtype=np.float32)
+np.testing.assert_allclose((fg.Tensor(a) @ fg.Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+s = rng.standard_normal((64, 256), dtype=np.float32) * 4
+e = np.exp(s - s.max(-1, keepdims=True))
+np.testing.assert_allclose(fg.Tensor(s).softmax(-1).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+np.testing.assert_allclose(fg.Tensor(s).sum().item(), s.astype(np.float64).sum(), rtol=1e-4, atol=1e-2)
+x = fg.Tensor(rng.standard_normal((2, 16, 12, 12), dtype=np.float32), requires_grad=True)
+w = fg.Tensor(rng.standard_normal((16, 16, 3, 3), dtype=np.float32) / 12, requires_grad=True)
+y = F.conv2d(x, w, padding=1)
+y.sum().backward()
+import torch
+xt, wt = torch.tensor(x.numpy(), requires_grad=True), torch.tensor(w.numpy(), requires_grad=True)
+yt = torch.nn.functional.conv2d(xt, wt, padding=1)
+yt.sum().backward()
+np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-4, atol=1e-4)
+np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-4)
+np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-3)
+print("ok")
+"""
+
+
+@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else True,
+                    reason="FUSEGRAD_CPU_ISA=avx2 needs an x86 CPU with AVX2")
+def test_avx2_build_on_this_host(tmp_path):
+  """FUSEGRAD_CPU_ISA=avx2 compiles for AVX2 even on an AVX-512 host (the code an AVX2-only CPU gets: 8-lane
+  vectors, 16 registers, the register tiles sized for them): a matmul, softmax, sum and a convolution with its
+  gradients match numpy and torch. Its own cache directory: those binaries are keyed apart from native ones."""
+  import os, subprocess, sys
+  env = dict(os.environ, FUSEGRAD_CPU_ISA="avx2", FUSEGRAD_CACHE_DIR=str(tmp_path / "cache"))
+  r = subprocess.run([sys.executable, "-c", _AVX2_PROGRAM], env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+  env["FUSEGRAD_CPU_ISA"] = "avx9"
+  r = subprocess.run([sys.executable, "-c", "import fusegrad"], env=env, capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode != 0 and "FUSEGRAD_CPU_ISA must be one of native, avx2" in r.stderr, r.stderr

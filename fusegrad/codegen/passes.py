@@ -34,8 +34,8 @@ def expand(k: Kernel, caps=None) -> Kernel:
   if not reg: return k
   roots = [st.value for st in k.stores]
   deps = dependencies(roots)
-  u = vector_axis(k, caps, deps)
-  regset = set(reg) - {u}
+  us = vector_axes(k, caps, deps)
+  regset = set(reg) - set(us)
   memo: dict = {}
 
   def at(v, env: dict):
@@ -82,7 +82,7 @@ def expand(k: Kernel, caps=None) -> Kernel:
       env = dict(zip(mine, c))
       senv = {x: sym.const(i) for x, i in env.items()}
       stores.append(Store(st.buf, sym.substitute(st.idx, senv), at(st.value, env), st.valid.substitute(senv)))
-  if u is not None: stores = _vectorize(stores, u)
+  for u in us: stores = _vectorize(stores, u)
   tiled = any(kinds[x] is K.UPCAST and not any(x in r.loops for r in toposort(roots) if isinstance(r, Reduce))
               for x in reg)
   return replace(k, stores=tuple(stores), axes=tuple(a for a in k.axes if a.kind not in REGISTER_KINDS),
@@ -91,32 +91,70 @@ def expand(k: Kernel, caps=None) -> Kernel:
 
 # what a vector UPCAST axis may carry: float32 values of these ops, loads and these reductions (every renderer with
 # vector types spells them lane-parallel); a kernel with anything else on the axis is expanded to scalars
-VECTOR_OPS = frozenset({"ADD", "SUB", "MUL", "DIV", "NEG", "MAX", "MIN", "EXP"})
+VECTOR_OPS = frozenset({"ADD", "SUB", "MUL", "DIV", "NEG", "MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT", "ABS"})
 VECTOR_REDUCES = frozenset({"SUM", "MAX", "MIN"})
+# comparisons of float32 vectors give lane masks (a bool vector: every bit of a lane set where true, as C's vector
+# extensions and OpenCL compare), which a select (WHERE) and a CAST to float32 read directly (`_masks`)
+VECTOR_CMPS = frozenset({"CMPLT", "CMPLE", "CMPEQ", "CMPNE"})
 
 
-def vector_axis(k: Kernel, caps, deps: dict):
-  """The UPCAST axis expand turns into vector values: of those whose size is a vector width of the device, the
-  one most loads and stores step along by 1 (the last on a tie), when every value along it is a float32 load,
-  arithmetic op or reduction (else None: scalar copies). Values after the reductions (an epilogue: a mask, a
-  comparison, a transcendental function) may be anything: they run lane by lane on the reductions' vectors."""
+def _masks(roots: list, stores: list) -> set:
+  """ids of the comparisons of float32 values that every use reads as a condition: each is a WHERE's condition or
+  a CAST to float32 (a relu, its gradient's `x > 0`). As vectors they are lane masks; any other use (a store, a
+  logical op, a reduction) leaves a comparison scalar lanes."""
+  vals = toposort(roots)
+  uses: dict = {}
+  for v in vals:
+    for i, c in enumerate(children(v)): uses.setdefault(id(c), []).append((v, i))
+  stored = {id(st.value) for st in stores}
+  reads = lambda p, i: isinstance(p, Alu) and p.dtype is dt.float32 and ((p.op == "WHERE" and i == 0) or p.op == "CAST")
+  return {id(v) for v in vals if isinstance(v, Alu) and v.op in VECTOR_CMPS and id(v) not in stored and
+          all(c.dtype is dt.float32 for c in v.src) and all(reads(p, i) for p, i in uses.get(id(v), ()))}
+
+
+def vector_axes(k: Kernel, caps, deps: dict) -> list:
+  """The UPCAST axes expand turns into vector values, in the order it does: of those whose size is a vector width
+  of the device, most loads and stores stepping along them by 1 first (the last on a tie), each when every value
+  along it is a float32 load, arithmetic op, comparison read as a condition (`_masks`) or reduction, and no value is
+  along an axis taken before (a softmax's max lanes, its sum's lanes and its output's lanes: three vectors). An
+  axis after the first needs a stride-1 load or store (else its lanes as scalars are as good). Values after an
+  axis's reductions (an epilogue: a mask, a transcendental function) may be anything: they run lane by lane."""
   widths = caps.vector_widths if caps is not None and not k.of_kind(K.GROUP_REDUCE) else ()   # (partials: scalars)
   cands = [a.var for a in k.axes if a.kind is K.UPCAST and a.size in widths]
-  if not cands: return None
+  if not cands: return []
   vals = toposort([st.value for st in k.stores])
-  if any(isinstance(v, Mma) for v in vals): return None   # a tensor core's fragments are vectors of their own
+  if any(isinstance(v, Mma) for v in vals): return []   # a tensor core's fragments are vectors of their own
   idxs = [x.idx for x in vals if isinstance(x, (Load, LocalLoad))] + [st.idx for st in k.stores]
-  u = max(reversed(cands), key=lambda c: sum(_stride(i, c) == 1 for i in idxs))
+  score = {c: sum(_stride(i, c) == 1 for i in idxs) for c in cands}
+  masks = _masks([st.value for st in k.stores], k.stores)
+  out, taken = [], set()
+  for u in sorted(reversed(cands), key=lambda c: -score[c]):   # stable: the last axis first on a tie
+    if out and not score[u]: continue
+    region = _vector_region(u, vals, deps, masks)
+    if region is None or region & taken: continue
+    out.append(u)
+    taken |= region
+  return out
+
+
+def _vector_region(u, vals: list, deps: dict, masks: set) -> set | None:
+  """ids of the values along axis u (depending on it, or reducing over it), or None when one of those that must be
+  a vector op is not one."""
   on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
   reduces = [v for v in vals if isinstance(v, Reduce) and on_u(v)]
   inside = {id(x) for r in reduces for x in toposort((r.src,) + r.more)} | {id(r) for r in reduces}
+  region = set()
   for v in vals:
-    if not on_u(v) or (reduces and id(v) not in inside): continue
+    if not on_u(v): continue
+    region.add(id(v))
+    if (reduces and id(v) not in inside) or id(v) in masks: continue
     if v.dtype is not dt.float32: return None
     ok = isinstance(v, (Load, LocalLoad)) or (isinstance(v, Alu) and v.op in VECTOR_OPS) or \
+        (isinstance(v, Alu) and v.op == "WHERE" and (id(v.src[0]) in masks or not on_u(v.src[0]))) or \
+        (isinstance(v, Alu) and v.op == "CAST" and id(v.src[0]) in masks) or \
         (isinstance(v, Reduce) and v.op in VECTOR_REDUCES)
     if not ok: return None
-  return u
+  return region
 
 
 def _stride(idx: sym.Lin, u: sym.Var) -> int | None:
@@ -142,8 +180,9 @@ def _vectorize(stores: list, u: sym.Var) -> list:
       mentions.add(id(v))
   at = [{u: sym.const(i)} for i in range(n)]
   memo: dict = {}
+  masks = _masks(roots, stores)
   isvec = lambda x: isinstance(x, Val) and isinstance(x.dtype, VecDType)
-  # a value that is no vector op (vector_axis admits them after the reductions only) is a tuple of its lanes
+  # a value that is no vector op (vector_axes admits them after the reductions only) is a tuple of its lanes
   islanes = lambda x: isinstance(x, tuple)
 
   def lane(x, i):
@@ -157,13 +196,24 @@ def _vectorize(stores: list, u: sym.Var) -> list:
       r = memo[("bcast", id(x))] = Vectorize(tuple(x) if islanes(x) else (x,) * n, vec(lane(x, 0).dtype, n))
     return r
 
+  def rebuild(v):
+    """v, which is not along u but holds a reduction over it, over its rebuilt children: the same node (a vector
+    of another axis taken before stays one)."""
+    if isinstance(v, Alu): return Alu(v.op, v.dtype, tuple(vz(c) for c in v.src))
+    if isinstance(v, Reduce): return Reduce(v.op, v.dtype, v.loops, vz(v.src), tuple(vz(c) for c in v.more))
+    if isinstance(v, Gep): return Gep(vz(v.src), v.lane, v.dtype)
+    if isinstance(v, Vectorize): return Vectorize(tuple(vz(c) for c in v.src), v.dtype)
+    if isinstance(v, Gather): return Gather(v.buf, v.size, vz(v.src), v.dtype)
+    raise AssertionError(f"not vectorizable: {type(v).__name__}")
+
   def vz(v):
     """v over u's lanes: a vector where v depends on u, else the scalar v (rebuilt over what it reads of u)."""
     if id(v) not in mentions: return v
     r = memo.get(id(v))
     if r is not None: return r
     vd = vec(v.dtype, n)
-    if isinstance(v, Load):
+    if not (u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)): r = rebuild(v)
+    elif isinstance(v, Load):
       if v.dtype is not dt.float32:
         r = tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
       elif _stride(v.idx, u) == 1 and u not in v.valid.variables():
@@ -180,6 +230,13 @@ def _vectorize(stores: list, u: sym.Var) -> list:
       if not any(isvec(c) or islanes(c) for c in srcs): r = Alu(v.op, v.dtype, tuple(srcs))
       elif v.op in VECTOR_OPS and v.dtype is dt.float32 and not any(islanes(c) for c in srcs):
         r = Alu(v.op, vd, tuple(as_vec(c) for c in srcs))
+      elif id(v) in masks and not any(islanes(c) for c in srcs):
+        r = Alu(v.op, vd, tuple(as_vec(c) for c in srcs))
+      elif v.op == "WHERE" and v.dtype is dt.float32 and not any(islanes(c) for c in srcs):
+        # a lane mask, or one condition for every lane (then a plain select of two vectors)
+        r = Alu(v.op, vd, (srcs[0], as_vec(srcs[1]), as_vec(srcs[2])))
+      elif v.op == "CAST" and v.dtype is dt.float32 and isvec(srcs[0]) and srcs[0].dtype.scalar is dt.bool_:
+        r = Alu(v.op, vd, (srcs[0],))
       else: r = tuple(Alu(v.op, v.dtype, tuple(lane(c, i) for c in srcs)) for i in range(n))
     elif isinstance(v, Reduce):
       srcs = [vz(c) for c in (v.src,) + v.more]
@@ -196,7 +253,7 @@ def _vectorize(stores: list, u: sym.Var) -> list:
       src = vz(v.src)
       r = tuple(Gather(v.buf, v.size, lane(src, i), v.dtype) for i in range(n)) if isvec(src) or islanes(src) else \
           Gather(v.buf, v.size, src, v.dtype)
-    else: raise AssertionError(f"not vectorizable: {v}")   # vector_axis admitted only the kinds above
+    else: raise AssertionError(f"not vectorizable: {type(v).__name__}")   # vector_axes admitted only those above
     memo[id(v)] = r
     return r
 
@@ -204,7 +261,7 @@ def _vectorize(stores: list, u: sym.Var) -> list:
   for st in stores:
     val = vz(st.value)
     on_u = u in sym.variables(st.idx) or u in st.valid.variables()
-    if not isvec(val) and not islanes(val) and not on_u: out.append(Store(st.buf, st.idx, val, st.valid))
+    if not on_u and u not in deps[id(st.value)]: out.append(Store(st.buf, st.idx, val, st.valid))   # (maybe a vector of another axis)
     elif isvec(val) and _stride(st.idx, u) == 1 and u not in st.valid.variables():
       out.append(Store(st.buf, sym.substitute(st.idx, at[0]), val, st.valid))
     else:

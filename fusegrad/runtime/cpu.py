@@ -104,7 +104,19 @@ def find_compiler() -> tuple[str, str]:
 @functools.lru_cache(None)
 def compiler_flags() -> list:
   _, ver = find_compiler()
-  return FLAGS + ([] if "clang" in ver.lower() else GCC_FLAGS)
+  return FLAGS + ISA_FLAGS[config.CPU_ISA] + ([] if "clang" in ver.lower() else GCC_FLAGS)
+
+
+# what each value of FUSEGRAD_CPU_ISA (config.CPU_ISA) adds to -march=native
+ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}
+
+
+def host_vector_widths(widths: tuple) -> tuple:
+  """Of a renderer's vector widths, those this CPU holds in one register: a wider vector type is several, and gcc
+  keeps such values (a register tile's accumulators, comparison masks) in memory, shuffling them through the stack
+  on every use (an AVX2 build's matmul with 16-lane vectors ran 10x slower than with 8-lane ones)."""
+  lanes = host_vectors()[1]
+  return tuple(w for w in widths if w <= lanes) or widths[:1]
 
 
 @functools.lru_cache(None)
@@ -118,7 +130,7 @@ def _host_id() -> str:
         if line.strip() == "": break
   except OSError:
     pass
-  return platform.machine() + platform.system() + info
+  return platform.machine() + platform.system() + info + ("" if config.CPU_ISA == "native" else f"isa {config.CPU_ISA}\n")
 
 
 @functools.lru_cache(None)
@@ -127,7 +139,9 @@ def host_vectors() -> tuple[int, int, str]:
   flags = set()
   for line in _host_id().splitlines():
     if line.startswith(("flags", "Features")): flags |= set(line.split(":", 1)[1].split())
-  if "avx512f" in flags: return 32, 16, "AVX-512"
+  if config.CPU_ISA == "avx2" and "avx2" not in flags:
+    raise ValueError("FUSEGRAD_CPU_ISA=avx2: this CPU has no AVX2")
+  if "avx512f" in flags and config.CPU_ISA != "avx2": return 32, 16, "AVX-512"
   if "avx2" in flags: return 16, 8, "AVX2"
   if "asimd" in flags or platform.machine() in ("aarch64", "arm64"): return 32, 4, "NEON"
   return 16, 4, "SSE"
@@ -137,7 +151,8 @@ class CPUDevice(Device):
   def __init__(self):
     super().__init__("CPU", CRenderer())
     regs, lanes, _ = host_vectors()
-    self._caps = replace(self.renderer.caps, vector_registers=regs, native_lanes=lanes)
+    self._caps = replace(self.renderer.caps, vector_registers=regs, native_lanes=lanes,
+                         vector_widths=host_vector_widths(self.renderer.caps.vector_widths))
     self.threads = config.THREADS or os.cpu_count() or 1
     self._run = None          # the native launcher, built on first use
     self.compiles = 0         # compiler invocations in this process (tests read it)

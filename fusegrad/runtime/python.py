@@ -227,6 +227,8 @@ class Interpreter:
       if v.op == "CAST": return _cast(a[0], v.dtype)
       info = ops.ALU[v.op]
       a = [np.asarray(x) for x in a]
+      if isinstance(v.dtype, VecDType):   # one condition for every lane of a select: [items] -> [items, 1]
+        a = [x[:, None] if x.ndim == 1 else x for x in a]
       with np.errstate(all="ignore"):
         out = info.ref(*a)
       return np.asarray(out).astype(_reg(v.dtype))
@@ -239,9 +241,9 @@ class PythonDevice(Device):
   # (this CPU's vector registers too, so register tiles come out as the CPU device's)
   def __init__(self):
     super().__init__("PYTHON", None)
-    from fusegrad.runtime.cpu import host_vectors
+    from fusegrad.runtime.cpu import host_vectors, host_vector_widths
     regs, lanes, _ = host_vectors()
-    self._caps = Caps(has_local=True, max_local=1024, local_bytes=1 << 16, vector_widths=(4, 8, 16),
+    self._caps = Caps(has_local=True, max_local=1024, local_bytes=1 << 16, vector_widths=host_vector_widths((4, 8, 16)),
                       vector_registers=regs, native_lanes=lanes)
   @property
   def caps(self): return self._caps

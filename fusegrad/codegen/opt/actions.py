@@ -66,20 +66,24 @@ def _need(ok: bool, opt: Opt, k: Kernel, why: str) -> None:
 
 
 def _register_count(k: Kernel) -> int:
-  """Values one work item holds expanded at once: its register tile of outputs times the most accumulators (or
-  unrolled values) one reduction keeps."""
+  """Values one work item holds expanded at once: the most of its register tile of outputs, and of each reduction's
+  accumulators (or unrolled values) times the part of the tile it is computed for (a matmul's: all of it; a
+  softmax's max: none of its outputs' lanes)."""
   reds = _reduces(k)
   inside = {v for r in reds for v in r.loops}
   size = {a.var: a.size for a in k.axes if a.kind in REGISTER_KINDS}
+  tile = [v for v in size if v not in inside]
   out = 1
-  for v, n in size.items():
-    if v not in inside: out *= n
-  per = [1]
+  for v in tile: out *= size[v]
+  deps = dependencies([st.value for st in k.stores]) if reds else {}
+  per = [out]
   for r in reds:
     n = 1
     for v in r.loops: n *= size.get(v, 1)
+    for v in tile:
+      if v in deps[id(r)]: n *= size[v]
     per.append(n)
-  return out * max(per)
+  return max(per)
 
 
 def _split(k: Kernel, i: int, n: int, inner_kind: AxisKind) -> Kernel:

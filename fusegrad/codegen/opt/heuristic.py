@@ -14,14 +14,14 @@ kernel and the device's capabilities (renderer/base.Caps).
   reductions and output loops shared by one, matmul register tiles with local-memory tiles).
 - Tensor cores (caps.tensor_cores: an NVIDIA GPU through OPENCL): a float16/bfloat16 matmul-like kernel runs on the first
   that multiplies its dtype (`tensor_core` below), before any of the above.
-The column and reduction lanes become vector values where the device has vectors (codegen/passes.vector_axis).
+The column and reduction lanes become vector values where the device has vectors (codegen/passes.vector_axes).
 """
 from __future__ import annotations
 from fusegrad.graph import symbolic as sym
 from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Load, Gather, toposort, dependencies
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen.opt.actions import Opt, OptOp, OptError, apply_opt, tc_axes
-from fusegrad.codegen.passes import vector_axis
+from fusegrad.codegen.passes import vector_axes
 
 K = AxisKind
 # a register-tiled kernel keeps at least this many work items
@@ -30,9 +30,9 @@ MIN_PARALLEL = 64
 REDUCE_LANES = 8
 # vector accumulators of a reduction of vector values (each the machine's native vector width)
 VECTOR_ACCUMULATORS = 4
-# the register tile: OUT_LANES columns (candidates, the first dividing the columns wins; 32 measured far slower
-# with gcc's SLP) by ROW_LANES rows
-OUT_LANES = (16,)
+# the register tile: vectors of OUT_LANES columns (or the widest vector below that the device holds in one register:
+# `tile_lanes`; 32 measured far slower with gcc's SLP) by ROW_LANES rows
+OUT_LANES = 16
 ROW_LANES = 4
 # column vectors per register tile (a matmul's tile is ROW_LANES x COL_VECTORS vectors)
 COL_VECTORS = 2
@@ -45,10 +45,17 @@ SPARE_REGISTERS = 4
 INNER_LOOP_MIN = 16
 
 
+def tile_lanes(caps: Caps | None) -> int:
+  """Columns in one vector of a register tile: OUT_LANES, or the widest of caps' vector widths below it (an AVX2 CPU's
+  8: runtime/cpu.host_vector_widths)."""
+  if caps is None or not caps.vector_widths: return OUT_LANES
+  return max((w for w in caps.vector_widths if w <= OUT_LANES), default=OUT_LANES)
+
+
 def tile_shape(caps: Caps | None) -> tuple[tuple, int]:
   """(row counts to try, most first; column vectors) of a register tile whose accumulators fit in the registers."""
   if caps is None: return (ROW_LANES,), COL_VECTORS
-  per_vector = max(1, OUT_LANES[0] // caps.native_lanes)      # registers holding one column vector
+  per_vector = max(1, tile_lanes(caps) // caps.native_lanes)      # registers holding one column vector
   budget = caps.vector_registers - SPARE_REGISTERS
   for cv in (COL_VECTORS, 1):
     rows = tuple(r for r in TILE_ROWS if r * cv * per_vector <= budget)
@@ -110,8 +117,8 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   extent = 1
   for v in gvars: extent *= v.hi + 1
   col = gvars[-1]
-  cols = next((c for c in OUT_LANES if (col.hi + 1) % c == 0), None)
-  if cols is None: return []
+  cols = tile_lanes(caps)
+  if (col.hi + 1) % cols: return []
   if not ((extent // cols >= MIN_PARALLEL and _reused_without(col, reduces, deps)) or
           (extent // cols >= 4 and _columns_contiguous(col, reduces))): return []
   col_loads = [x for x in _reduce_loads(reduces) if col in deps[id(x)]]
@@ -181,14 +188,18 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       # plain stride-1 loop the C compiler vectorizes, instead of one flat index divided back into the axes
       do(OptOp.LOOP, g, g.hi + 1)
     return opts
+  w = caps.native_lanes if caps.native_lanes in caps.vector_widths else 0
+  done = set()
   for r in reduces:
     last = r.loops[-1]
+    if last in done: continue   # a loop two reductions share, upcast already
+    done.add(last)
     size = last.hi + 1
     # a sum of vector ops: one vector register of lanes per accumulator, and a few accumulators (an add's latency
-    # hides behind the others'); anything else keeps REDUCE_LANES scalar accumulators
-    w = caps.native_lanes if caps.native_lanes in caps.vector_widths else 0
+    # hides behind the others'); anything else keeps REDUCE_LANES scalar accumulators. Each reduction of a kernel
+    # (a softmax's max and sum) is its own vectors
     kv = _in_vectors(k, last, w, caps) if w and size % (w * VECTOR_ACCUMULATORS) == 0 and \
-        size >= 4 * w * VECTOR_ACCUMULATORS and len(reduces) == 1 else None
+        size >= 4 * w * VECTOR_ACCUMULATORS else None
     if kv is not None:
       i = k.axis_index(last)
       k = kv
@@ -196,6 +207,14 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       do(OptOp.UPCAST, k.axes[i].var, VECTOR_ACCUMULATORS)   # the outer part of the split, in the axis's place
     elif size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES:
       do(OptOp.UPCAST, last, REDUCE_LANES)
+  # the loop over a row's outputs after its reductions (a softmax's exp(x - max) / sum) in vectors too, so no
+  # compiler's vectorizer decides its speed (gcc gives up on fg_expf's selects without AVX-512's masks)
+  for a in k.of_kind(K.LOOP):
+    v = next((x for x in sorted(caps.vector_widths, reverse=True) if a.size % x == 0 and a.size >= 4 * x), 0)
+    kv = _in_vectors(k, a.var, v, caps) if v else None
+    if kv is not None:
+      k = kv
+      opts.append(kv.opts[-1])
   return opts
 
 
@@ -210,7 +229,7 @@ def dot_tile(k: Kernel, caps: Caps) -> list:
   gvars = [a.var for a in k.of_kind(K.GLOBAL)]
   if len(reduces) != 1 or not gvars or k.of_kind(K.LOOP, K.LOCAL, K.UPCAST, K.UNROLL, K.GROUP_REDUCE): return []
   r = reduces[0]
-  last, lanes = r.loops[-1], OUT_LANES[0]
+  last, lanes = r.loops[-1], tile_lanes(caps)
   if (last.hi + 1) % lanes or last.hi + 1 < 4 * lanes or lanes not in caps.vector_widths: return []
   loads = [x for x in toposort([r.src]) if isinstance(x, (Load, Gather))]
   if not loads or any(not isinstance(x, Load) or not x.valid.is_true or dict(sym.lin(x.idx).terms).get(last) != 1
@@ -227,12 +246,13 @@ def dot_tile(k: Kernel, caps: Caps) -> list:
 
 
 def _in_vectors(k: Kernel, var, width: int, caps: Caps) -> Kernel | None:
-  """k with axis var upcast by width, when expand would make it vectors (passes.vector_axis), else None."""
+  """k with axis var upcast by width, when expand would make its lanes vectors (passes.vector_axes), else None."""
   try:
     kv = apply_opt(k, Opt(OptOp.UPCAST, k.axis_index(var), width), caps)
   except OptError:
     return None
-  return kv if vector_axis(kv, caps, dependencies([st.value for st in kv.stores])) is not None else None
+  new = {a.var for a in kv.axes if a.kind is K.UPCAST} - {a.var for a in k.axes if a.kind is K.UPCAST}
+  return kv if new & set(vector_axes(kv, caps, dependencies([st.value for st in kv.stores]))) else None
 
 
 # ---- GPUs (caps.has_local and not prefers_blocking): work-groups -----------------------------------------------

@@ -85,22 +85,27 @@ class CStyleRenderer:
     if d == dt.float16: return f"b{buf}[{idx}] = fg_f32_to_half({val});"
     return f"b{buf}[{idx}] = {val};"
 
-  # ---- vectors (ir.VecDType: float32 lanes of a vector UPCAST axis; codegen/passes.vector_axis) ---------------
+  # ---- vectors (ir.VecDType: float32 lanes of a vector UPCAST axis; codegen/passes.vector_axes) ---------------
   # GCC's vector extensions (clang has them too): arithmetic operators work lane by lane; loads and stores go
   # through memcpy (one unaligned vector move); max/min and lanes are helpers of the prelude
-  def vec_type(self, d: VecDType) -> str: return f"fg_{d.scalar.name}x{d.count}"
+  # a bool vector is a lane mask (codegen/passes.VECTOR_CMPS): the int32 vector a comparison of float32 vectors gives
+  def vec_type(self, d: VecDType) -> str: return f"fg_int32x{d.count}" if d.scalar.is_bool else f"fg_{d.scalar.name}x{d.count}"
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)}){{{','.join(a)}}})"
   def gep(self, a: str, lane: int) -> str: return f"{a}[{lane}]"
   def vload(self, buf: int, idx: str, d: VecDType) -> str: return self.vload_at(f"b{buf}", idx, d)
   def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"fg_vload_{self.vec_type(d)}({ptr}+{idx})"
   def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str:
     return f"fg_vstore_{self.vec_type(d)}(b{buf}+{idx}, {val});"
-  def valu(self, op: str, d: VecDType, a: list) -> str:
-    ops = {"ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/"}
+  def valu(self, op: str, d: VecDType, a: list, srcs: tuple = ()) -> str:
+    ops = {"ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/", "CMPLT": "<", "CMPLE": "<=", "CMPEQ": "==", "CMPNE": "!="}
     if op in ops: return f"({a[0]}{ops[op]}{a[1]})"
     if op == "NEG": return f"(-{a[0]})"
-    if op in ("MAX", "MIN"): return f"fg_v{op.lower()}_{self.vec_type(d)}({a[0]},{a[1]})"
-    if op == "EXP": return f"fg_vexp_{self.vec_type(d)}({a[0]})"
+    if op in ("MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT"): return f"fg_v{op.lower()}_{self.vec_type(d)}({','.join(a)})"
+    if op == "WHERE" and not isinstance(srcs[0].dtype, VecDType): return f"({a[0]}?{a[1]}:{a[2]})"
+    m = f"fg_int32x{d.count}"
+    if op == "ABS": return f"(({self.vec_type(d)})(({m}){a[0]} & 0x7fffffff))"   # the sign bit cleared
+    if op == "WHERE": return f"(({self.vec_type(d)})(({a[0]} & ({m})({a[1]})) | (~{a[0]} & ({m})({a[2]}))))"
+    if op == "CAST": return f"(({self.vec_type(d)})({a[0]} & 0x3f800000))"   # a mask's lanes as 1.0f or 0.0f
     raise NotImplementedError(f"{self.name} renderer has no vector spelling for {op}")
 
   # float32 exp/log/tanh/erf from the shared prelude (_MATH): vectorizable, and the same bits on every device
@@ -120,7 +125,7 @@ class CStyleRenderer:
     return f"({self.reg_type(d)})({a})"
 
   def alu(self, op: str, d: dt.DType, a: list, srcs: tuple) -> str:
-    if isinstance(d, VecDType): return self.valu(op, d, a)
+    if isinstance(d, VecDType): return self.valu(op, d, a, srcs)
     sd = srcs[0].dtype if srcs else d
     fl = self.reg_dtype(sd).is_float
     f = lambda n: self.math_fn(n, sd)
@@ -137,10 +142,11 @@ class CStyleRenderer:
     if op == "NOT": return f"(!{a[0]})" if sd.is_bool else f"(~{a[0]})"
     if op == "DIV": return f"({a[0]}/{a[1]})" if fl else f"fg_idiv_{self._tag(sd)}({a[0]},{a[1]})"
     if op == "MOD": return f"{f('fmod')}({a[0]},{a[1]})" if fl else f"fg_imod_{self._tag(sd)}({a[0]},{a[1]})"
+    # NaN propagates; `|`, not `||`: one condition without a branch, which a loop vectorizer turns into a select
     if op == "MAX":
-      return f"(({a[0]}>{a[1]}||{a[0]}!={a[0]})?{a[0]}:{a[1]})" if fl else f"({a[0]}>{a[1]}?{a[0]}:{a[1]})"
+      return f"((({a[0]}>{a[1]})|({a[0]}!={a[0]}))?{a[0]}:{a[1]})" if fl else f"({a[0]}>{a[1]}?{a[0]}:{a[1]})"
     if op == "MIN":
-      return f"(({a[0]}<{a[1]}||{a[0]}!={a[0]})?{a[0]}:{a[1]})" if fl else f"({a[0]}<{a[1]}?{a[0]}:{a[1]})"
+      return f"((({a[0]}<{a[1]})|({a[0]}!={a[0]}))?{a[0]}:{a[1]})" if fl else f"({a[0]}<{a[1]}?{a[0]}:{a[1]})"
     if op == "POW": return f"{f('pow')}({a[0]},{a[1]})"
     if op == "ATAN2": return f"{f('atan2')}({a[0]},{a[1]})"
     if op in ("SHL", "SHR"):
@@ -399,7 +405,7 @@ _C_PRELUDE += "\n" + _MATH + r"""
 
 def _c_vectors(widths) -> str:
   """The C prelude's float32 vector types (GCC vector extensions) and their helpers, for each width."""
-  out = ["/* float32 vectors (codegen/passes.vector_axis): lane-wise arithmetic by operators, unaligned loads and "
+  out = ["/* float32 vectors (codegen/passes.vector_axes): lane-wise arithmetic by operators, unaligned loads and "
          "stores by memcpy, max/min with NaN propagating as the scalar ops do */"]
   for n in widths:
     t, m = f"fg_float32x{n}", f"fg_int32x{n}"
@@ -410,6 +416,10 @@ def _c_vectors(widths) -> str:
     for op, cmp in (("max", ">"), ("min", "<")):
       out.append(f"static inline {t} fg_v{op}_{t}({t} a, {t} b) {{ {m} k = (a {cmp} b) | (a != a); "
                  f"return ({t})((k & ({m})a) | (~k & ({m})b)); }}")
+    # sqrt lane by lane in straight-line code, which the compiler's SLP vectorizer makes vector square roots (a lane
+    # loop stays scalar under FG_BLOCKED); sqrtf is correctly rounded, and so are they
+    out.append(f"static inline {t} fg_vsqrt_{t}({t} x) {{ return ({t}){{"
+               + ", ".join(f"sqrtf(x[{i}])" for i in range(n)) + "}; }")
     # fg_expf lane-wise in vector operations (the same steps, so the same bits): rintf as the add-and-subtract of
     # 1.5 * 2^23 (exact round-to-nearest-even below 2^22), the selects as masks
     sel = lambda k, a, b: f"({t})(({k} & ({m})({a})) | (~{k} & ({m})({b})))"
@@ -426,6 +436,44 @@ def _c_vectors(widths) -> str:
       f"  y = y * ({t})((k1 + 127) << 23) * ({t})((k2 + 127) << 23);\n"
       f"  y = {sel('(x < -103.972f)', 'z', 'y')};\n"
       f"  return {sel('(x != x)', 'x', 'y')};\n}}")
+    # fg_logf, fg_tanhf and fg_erff the same way: each step of the scalar function on the vector
+    out.append(
+      f"static inline {t} fg_vlog_{t}({t} x) {{\n"
+      f"  {t} z0 = ({t}){{0}}, small = {sel('(x < 1.17549435e-38f)', 'z0 + 1.0f', 'z0')};\n"
+      f"  {t} xs = x * (1.0f + small * 8388607.0f);\n"
+      f"  {m} u = ({m})xs;\n"
+      f"  {t} fe = __builtin_convertvector((u >> 23) & 0xff, {t}) - 126.0f - 23.0f * small;\n"
+      f"  {t} m = ({t})((u & 0x007fffff) | 0x3f000000);\n"
+      f"  {t} lo = {sel('(m < 0.70710678118654752f)', 'z0 + 1.0f', 'z0')};\n"
+      f"  fe = fe - lo;\n  m = m + m * lo - 1.0f;\n"
+      f"  {t} z = m * m;\n  {t} y = z0 + 7.0376836292e-2f;\n"
+      f"  y = y * m - 1.1514610310e-1f; y = y * m + 1.1676998740e-1f; y = y * m - 1.2420140846e-1f;\n"
+      f"  y = y * m + 1.4249322787e-1f; y = y * m - 1.6668057665e-1f; y = y * m + 2.0000714765e-1f;\n"
+      f"  y = y * m - 2.4999993993e-1f; y = y * m + 3.3333331174e-1f;\n"
+      f"  y = y * m * z;\n  y = y + -2.12194440e-4f * fe;\n  y = y - 0.5f * z;\n"
+      f"  {t} r = m + y + 0.693359375f * fe;\n"
+      f"  r = {sel('(x == INFINITY)', 'x', 'r')};\n"
+      f"  r = {sel('(x == 0.0f)', 'z0 - INFINITY', 'r')};\n"
+      f"  return {sel('((x < 0.0f) | (x != x))', 'z0 + NAN', 'r')};\n}}")
+    out.append(
+      f"static inline {t} fg_vtanh_{t}({t} x) {{\n"
+      f"  {t} z0 = ({t}){{0}}, a = ({t})(({m})x & 0x7fffffff);\n"
+      f"  {t} z = x * x;\n  {t} s = z0 - 5.70498872745e-3f;\n"
+      f"  s = s * z + 2.06390887954e-2f; s = s * z - 5.37397155531e-2f; s = s * z + 1.33314422036e-1f;\n"
+      f"  s = s * z - 3.33332819422e-1f;\n  s = s * z * x + x;\n"
+      f"  {t} e = fg_vexp_{t}(2.0f * {sel('(a > 20.0f)', 'z0 + 20.0f', 'a')});\n"
+      f"  {t} l = 1.0f - 2.0f / (e + 1.0f);\n"
+      f"  l = {sel('(x < 0.0f)', '-l', 'l')};\n"
+      f"  return {sel('(a < 0.625f)', 's', 'l')};\n}}")
+    out.append(
+      f"static inline {t} fg_verf_{t}({t} x) {{\n"
+      f"  {t} z0 = ({t}){{0}}, c = {sel('(x > 4.0f)', 'z0 + 4.0f', sel('(x < -4.0f)', 'z0 - 4.0f', 'x'))};\n"
+      f"  {t} z = c * c;\n  {t} p = z0 - 2.72614225801306e-10f;\n"
+      f"  p = p * z + 2.77068142495902e-08f; p = p * z - 2.10102402082508e-06f; p = p * z - 5.69250639462346e-05f;\n"
+      f"  p = p * z - 7.34990630326855e-04f; p = p * z - 2.95459980854025e-03f; p = p * z - 1.60960333262415e-02f;\n"
+      f"  {t} q = z0 - 1.45660718464996e-05f;\n"
+      f"  q = q * z - 2.13374055278905e-04f; q = q * z - 1.68282697438203e-03f; q = q * z - 7.37332916720468e-03f;\n"
+      f"  q = q * z - 1.42647390514189e-02f;\n  return c * p / q;\n}}")
   return "\n".join(out)
 
 
@@ -515,17 +563,22 @@ class OpenCLRenderer(CStyleRenderer):
   # OpenCL C's own vector types and built-ins (16-bit floats in float registers, as their scalars: a tensor core's
   # fragments)
   def vec_type(self, d: VecDType) -> str:
+    if d.scalar.is_bool: return f"int{d.count}"   # a lane mask: what comparing float vectors gives
     return f"float{d.count}" if d.scalar.name in ("float16", "bfloat16") else f"{self.types[d.scalar]}{d.count}"
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)})({','.join(a)}))"
   def gep(self, a: str, lane: int) -> str: return f"{a}.s{lane:x}"
   def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"vload{d.count}(0, {ptr}+{idx})"
   def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str: return f"vstore{d.count}({val}, 0, b{buf}+{idx});"
-  def valu(self, op: str, d: VecDType, a: list) -> str:
+  def valu(self, op: str, d: VecDType, a: list, srcs: tuple = ()) -> str:
     if op in ("MAX", "MIN"):
       return f"select({a[1]},{a[0]},({a[0]}{'>' if op == 'MAX' else '<'}{a[1]})|isnan({a[0]}))"
-    if op == "EXP":   # the shared prelude's fg_expf, lane by lane (the same bits as the scalar kernels)
-      return f"(({self.vec_type(d)})({','.join(f'fg_expf({a[0]}.s{i:x})' for i in range(d.count))}))"
-    return super().valu(op, d, a)
+    if op in self.own_math:   # the shared prelude's fg_expf etc., lane by lane (the same bits as the scalar kernels)
+      fn = self.own_math[op]
+      return f"(({self.vec_type(d)})({','.join(f'{fn}({a[0]}.s{i:x})' for i in range(d.count))}))"
+    if op in ("SQRT", "ABS"): return f"{'sqrt' if op == 'SQRT' else 'fabs'}({a[0]})"
+    if op == "WHERE" and isinstance(srcs[0].dtype, VecDType): return f"select({a[2]},{a[1]},{a[0]})"
+    if op == "CAST": return f"select(({self.vec_type(d)})(0.0f),({self.vec_type(d)})(1.0f),{a[0]})"
+    return super().valu(op, d, a, srcs)
   def library_fn(self, name: str, d: dt.DType) -> str: return name    # overloaded builtins
   def literal(self, v, d: dt.DType) -> str:
     r = super().literal(v, d)
