@@ -101,7 +101,7 @@ def test_padto_computes_nothing_past_the_size(rng):
 
 def test_heuristic_tiles_a_matmul(rng):
   item = one_kernel(make("matmul_big", rng))
-  caps = rd.get("CPU").caps
+  caps = _avx512(rd.get("CPU").caps)   # (an AVX2 machine's tile: test_heuristic_pads_rows_to_the_tile_that_fits)
   opts = heuristic.hand_coded(item.kernel, caps)
   # rows, a vector of columns (and where the tile fits several, more vectors of columns), the row blocks fastest
   assert [o.op for o in opts] in ([OptOp.UPCAST] * 2 + [OptOp.SWAP], [OptOp.UPCAST] * 3 + [OptOp.SWAP]), opts
@@ -218,6 +218,26 @@ def test_heuristic_loops_an_elementwise_axis_without_vectors(rng):
   _close(run(item, tuple(opts), "CPU"), torch.sin(torch.tensor(x + b)).numpy() * 0.5)
   with pytest.raises(OptError, match="only a global axis becomes a loop"):
     apply_opt(k, Opt(OptOp.LOOP, 1, 64), rd.get("PYTHON").caps)
+
+
+def _avx2(caps):
+  from dataclasses import replace
+  return replace(caps, vector_widths=(4, 8), vector_registers=16, native_lanes=8, prefers_blocking=True,
+                 has_local=False)
+
+
+def test_heuristic_pads_rows_to_the_tile_that_fits(rng):
+  """AVX2's 16 registers hold a 6 x (2 x 8) register tile, which no power-of-two row count divides: the heuristic
+  pads the rows to a multiple of 6 (PADTO) when that adds at most heuristic.ROW_PAD_WASTE of them, else takes the
+  most rows that divide; with AVX-512's 32 registers 8 rows divide. Values match numpy either way."""
+  for n, caps, want in ((96, _avx2, 6), (64, _avx2, 6), (20, _avx2, 4), (100, _avx512, 8), (64, _avx512, 8)):
+    a, b = rng.standard_normal((n, 24)).astype(np.float32), rng.standard_normal((24, 256)).astype(np.float32)
+    item = one_kernel(fg.Tensor(a) @ fg.Tensor(b))
+    opts = heuristic.hand_coded(item.kernel, caps(rd.get("PYTHON").caps))
+    assert [o.arg for o in opts if o.op is OptOp.UPCAST][0] == want, (n, opts)
+    assert [o.op for o in opts if o.op is OptOp.PADTO] == ([OptOp.PADTO] if n % want else []), (n, opts)
+    _close(run(item, tuple(opts)), a @ b)
+    _close(run(item, tuple(opts), "CPU"), a @ b)
 
 
 def test_masked_matmul_keeps_vector_accumulators(rng):
