@@ -304,14 +304,15 @@ def _conv_rows_rule(arg, inputs, out, g):
 
 
 def _unfold_flat_rule(arg, inputs, out, g):
-  # w[b, p, k] = x[b, p + off(k)]: dx is the sum over kernel offsets of g[:, :, k] shifted to its offset
+  # w[b, p, k(, c)] = x[b, (p + off(k)) * inner (+ c)]: dx is the sum over kernel offsets of g[:, :, k] shifted to its
+  # offset
   import itertools
-  kernel, steps, length = arg
-  L = inputs[0].shape[1]
+  kernel, steps, length, inner = arg
+  B, M = inputs[0].shape
   total = None
   for k in itertools.product(*[range(n) for n in kernel]):
-    off = sum(i * s for i, s in zip(k, steps))
-    t = g[(slice(None), slice(None)) + k].pad((off, L - off - length))
+    off = sum(i * s for i, s in zip(k, steps)) * inner
+    t = g[(slice(None), slice(None)) + k].reshape(B, length * inner).pad((off, M - off - length * inner))
     total = t if total is None else total + t
   return (total,)
 

@@ -1378,18 +1378,22 @@ def _unfold(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple) -> Tensor:
   return flat._prim("UNFOLD", (tuple(kernel), tuple(stride), tuple(dilation)), node).reshape(*lead, *out, *kernel)
 
 
-def _unfold_flat(x: Tensor, kernel: tuple, steps: tuple, length: int) -> Tensor:
+def _unfold_flat(x: Tensor, kernel: tuple, steps: tuple, length: int, inner: int = 1) -> Tensor:
   """Windows along a flat last dim at fixed offsets (a view, no copy): x[B, L] -> w[B, length, *kernel] with
   w[b, p, k] = x[b, p + sum(k_i * steps_i)]. A stride-1 convolution over rows flattened whole reads its input so
-  (nn/functional._conv_rows): the output position p is one stride-1 index, whatever the number of spatial dims."""
+  (nn/functional._conv_rows): the output position p is one stride-1 index, whatever the number of spatial dims.
+  With inner > 1 each position holds `inner` consecutive values (channels last): x[B, L * inner] ->
+  w[B, length, *kernel, inner], w[b, p, k, c] = x[b, (p + sum(k_i * steps_i)) * inner + c]."""
   from fusegrad.graph.view import View
-  B, L = x.shape
-  if length + builtins.sum((k - 1) * s for k, s in zip(kernel, steps)) > L:
+  B, M = x.shape
+  L = M // inner
+  if length + builtins.sum((k - 1) * s for k, s in zip(kernel, steps)) > L or M % inner:
     raise RuntimeError(f"internal error: windows of {length} positions at offsets up to "
-                       f"{builtins.sum((k - 1) * s for k, s in zip(kernel, steps))} overrun a row of {L}")
-  v = View((B, length, *kernel), (L, 1, *steps), 0, None)
+                       f"{builtins.sum((k - 1) * s for k, s in zip(kernel, steps))} overrun a row of {L} x {inner}")
+  lanes = (inner,) if inner > 1 else ()
+  v = View((B, length, *kernel, *lanes), (M, inner, *(s * inner for s in steps), *((1,) if lanes else ())), 0, None)
   node = gn.make("VIEW", x.dtype, (x.node,), v, v.shape, x.device)
-  return x._prim("UNFOLD_FLAT", (tuple(kernel), tuple(steps), length), node)
+  return x._prim("UNFOLD_FLAT", (tuple(kernel), tuple(steps), length, inner), node)
 
 
 def _check_device_dtype(device: str, d: DType) -> None:

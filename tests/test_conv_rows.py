@@ -89,8 +89,9 @@ def test_conv3d_modules_match_torch(rng):
 
 def test_backward_kernels_are_tiled(rng):
   """The gradients of a row-flattened convolution (autograd's CONV_ROWS rule): the input's is the same tiled
-  matmul over the padded output gradient, the weights' a block of dot products in vector lanes (heuristic.dot_tile);
-  no kernel runs a loop for another's elements; the forward is not computed (only the gradients are asked for)."""
+  matmul over the padded output gradient, the weights' a tiled matmul over the input with its channels last (output
+  by input channels in registers, the columns read as vectors); no kernel runs a loop for another's elements; the
+  forward is not computed (only the gradients are asked for)."""
   a = rng.standard_normal((2, 16, 30, 30)).astype(np.float32)
   w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
   g = rng.standard_normal((2, 32, 30, 30)).astype(np.float32)
@@ -101,8 +102,25 @@ def test_backward_kernels_are_tiled(rng):
   conv_flops = 2 * 2 * 32 * 16 * 9 * 30 * 30
   assert sum(k.flops for k in t.kernels) <= 3.6 * conv_flops, [(k.name, k.flops) for k in t.kernels]
   big = [k for k in t.kernels if k.flops >= 0.8 * conv_flops]
-  assert len(big) == 2 and all(any(o.op.name == "UPCAST" for o in k.opts) for k in big), [(k.name, k.opts) for k in big]
+  assert len(big) == 2 and all(sum(o.op.name == "UPCAST" for o in k.opts) >= 2 for k in big), [(k.name, k.opts) for k in big]
   rx, rw = torch.tensor(a, requires_grad=True), torch.tensor(w, requires_grad=True)
   (torch.nn.functional.conv2d(rx, rw, padding=1) * torch.tensor(g)).sum().backward()
   np.testing.assert_allclose(gx, rx.grad.numpy(), rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose(gw, rw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_double_backward_matches_torch(rng):
+  """A gradient penalty differentiates the convolution's gradients (create_graph): the weight gradient's windows
+  over the channels-last input (tensor._unfold_flat with inner channels) have their own gradient rule."""
+  a = rng.standard_normal((2, 4, 9, 10)).astype(np.float32)
+  w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32) / 6
+  x, tw = fg.Tensor(a, requires_grad=True), fg.Tensor(w, requires_grad=True)
+  gx, gw = fg.autograd.grad(F.conv2d(x, tw, padding=1).square().sum(), (x, tw), create_graph=True)
+  ((gx * gx).sum() + (gw * gw).sum()).backward()
+  rx, rw = torch.tensor(a, requires_grad=True), torch.tensor(w, requires_grad=True)
+  rgx, rgw = torch.autograd.grad(torch.nn.functional.conv2d(rx, rw, padding=1).square().sum(), (rx, rw),
+                                 create_graph=True)
+  ((rgx * rgx).sum() + (rgw * rgw).sum()).backward()
+  np.testing.assert_allclose(gw.detach().numpy(), rgw.detach().numpy(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(x.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-3)

@@ -121,8 +121,17 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   deps = dependencies([st.value for st in k.stores])
   extent = 1
   for v in gvars: extent *= v.hi + 1
-  col = gvars[-1]
   cols = tile_lanes(caps)
+  loads = _reduce_loads(reduces)
+  def stride_one(v) -> bool:   # the reads that move along v step by 1 along it (and some do)
+    moving = [x for x in loads if v in deps[id(x)]]
+    return bool(moving) and all(isinstance(x, Load) and dict(sym.lin(x.idx).terms).get(v) == 1 for x in moving)
+  # the columns: the last output axis, or else the last one the column operand is read along in a row (an output
+  # stored in another order than its operands are laid out: a convolution's weight gradient [o, ci, kh, kw] computed
+  # from the input with its channels last; the stores are then one per lane)
+  col = gvars[-1]
+  if (col.hi + 1) % cols or not stride_one(col):
+    col = next((v for v in reversed(gvars[:-1]) if (v.hi + 1) % cols == 0 and stride_one(v)), col)
   if (col.hi + 1) % cols: return []
   if not ((extent // cols >= MIN_PARALLEL and _reused_without(col, reduces, deps)) or
           (extent // cols >= 4 and _columns_contiguous(col, reduces))): return []
@@ -131,8 +140,9 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   tile, work = [(col, cols)], extent // cols
   row_counts, col_vectors = tile_shape(caps)
   moving = set().union(*(deps[id(x)] for x in col_loads)) if col_loads else set()
-  rowlike = [v for v in gvars[:-1] if v not in moving]
-  row_var = rowlike[-1] if rowlike else (gvars[-2] if len(gvars) >= 2 else None)
+  others = [v for v in gvars if v is not col]
+  rowlike = [v for v in others if v not in moving]
+  row_var = rowlike[-1] if rowlike else (others[-1] if others else None)
   def fits(r: int) -> bool:
     n = row_var.hi + 1
     return work // r >= MIN_PARALLEL and (n % r == 0 or (r == row_counts[0] and (-n) % r <= n * ROW_PAD_WASTE))
@@ -141,7 +151,7 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
     tile.insert(0, (row_var, rows))
     work //= rows
     # several column vectors per row (a matmul): fewer reads of the rows per multiply-add
-    panel = next((v for v in reversed(gvars[:-1]) if v is not row_var and v in moving and
+    panel = next((v for v in reversed(others) if v is not row_var and v in moving and
                   (v.hi + 1) % col_vectors == 0), None) if col.hi + 1 == cols else None
     if col_vectors > 1 and work // col_vectors >= MIN_PARALLEL:
       if (col.hi + 1) % (cols * col_vectors) == 0: tile.append((None, col_vectors))
