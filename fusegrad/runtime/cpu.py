@@ -111,6 +111,15 @@ def compiler_flags() -> list:
 ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}
 
 
+def tile_registers(regs: int) -> int:
+  """Caps.tile_registers for this machine's compiler: half the registers with clang (which spills a bigger tile),
+  else 0 (the heuristic's default). No compiler: 0 (compiling says why)."""
+  try:
+    return regs // 2 if "clang" in find_compiler()[1].lower() else 0
+  except RuntimeError:
+    return 0
+
+
 def host_vector_widths(widths: tuple) -> tuple:
   """Of a renderer's vector widths, those this CPU holds in one register: a wider vector type is several, and gcc
   keeps such values (a register tile's accumulators, comparison masks) in memory, shuffling them through the stack
@@ -152,7 +161,8 @@ class CPUDevice(Device):
     super().__init__("CPU", CRenderer())
     regs, lanes, _ = host_vectors()
     self._caps = replace(self.renderer.caps, vector_registers=regs, native_lanes=lanes,
-                         vector_widths=host_vector_widths(self.renderer.caps.vector_widths))
+                         vector_widths=host_vector_widths(self.renderer.caps.vector_widths),
+                         tile_registers=tile_registers(regs))
     self.threads = config.THREADS or os.cpu_count() or 1
     self._run = None          # the native launcher, built on first use
     self.compiles = 0         # compiler invocations in this process (tests read it)

@@ -34,11 +34,13 @@ VECTOR_ACCUMULATORS = 4
 # `tile_lanes`; 32 measured far slower with gcc's SLP) by ROW_LANES rows
 OUT_LANES = 16
 ROW_LANES = 4
-# column vectors per register tile (a matmul's tile is ROW_LANES x COL_VECTORS vectors)
+# column vectors per register tile without the machine's registers known (a GPU's; the schedule's rules)
 COL_VECTORS = 2
-# with the machine's registers known (Caps.vector_registers): the row counts tried, most first, and the registers
-# left for the operands beside the accumulators (8 rows x 2 vectors of 16 on AVX-512: 16 of its 32 registers,
-# measured 1.8x faster than 4 rows on a 3x3 convolution; AVX2's 16 registers hold 4 rows x 1 vector of 16)
+# with them known (Caps.vector_registers): TILE_COLUMNS columns per tile in vectors of `tile_lanes`, the row counts
+# tried (most first) and the registers left for the operands beside the accumulators. AVX-512: 8 rows x 1 vector of
+# 16 (8 rows measured 1.8x faster than 4 on a 3x3 convolution; 2 vectors per row: the same with gcc 12, 1.4x slower
+# with clang 14, on matmuls and convolutions alike); AVX2: 6 rows x 2 vectors of 8 (12 of its 16 registers)
+TILE_COLUMNS = 16
 TILE_ROWS = (8, 6, 4, 2)
 # the most rows that fit are taken with the row axis padded to a multiple of them (PADTO) when that adds at most this
 # fraction of rows: AVX2's 16 registers hold 6 rows x 2 vectors of 8, which no power-of-two size divides (Zen 4 in
@@ -61,8 +63,8 @@ def tile_shape(caps: Caps | None) -> tuple[tuple, int]:
   """(row counts to try, most first; column vectors) of a register tile whose accumulators fit in the registers."""
   if caps is None: return (ROW_LANES,), COL_VECTORS
   per_vector = max(1, tile_lanes(caps) // caps.native_lanes)      # registers holding one column vector
-  budget = caps.vector_registers - SPARE_REGISTERS
-  for cv in (COL_VECTORS, 1):
+  budget = caps.tile_registers or caps.vector_registers - SPARE_REGISTERS
+  for cv in (max(1, TILE_COLUMNS // tile_lanes(caps)), 1):
     rows = tuple(r for r in TILE_ROWS if r * cv * per_vector <= budget)
     if rows and rows[0] >= ROW_LANES: return rows, cv
   return (ROW_LANES,), 1

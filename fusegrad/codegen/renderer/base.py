@@ -18,6 +18,10 @@ class Caps:
   max_registers: int = 256       # values a work item may hold expanded in registers (product of UPCAST/UNROLL)
   vector_registers: int = 16     # the machine's vector registers (a register tile's accumulators must fit)...
   native_lanes: int = 4          # ...and the float32 lanes of one (a wider vector type takes several)
+  # registers a register tile's accumulators may take (0: all but a few, codegen/opt/heuristic.SPARE_REGISTERS). The
+  # CPU device sets it from its C compiler: clang 14 ran tiles of more than half the registers 1.4x slower (AVX-512:
+  # 8 x 2 vectors; AVX2: 6 x 2), where gcc 12 ran them at the machine's peak
+  tile_registers: int = 0
   prefers_blocking: bool = True  # register tiles and reduction lanes pay (CPUs; kept for GPUs until measured)
 
 
