@@ -7,6 +7,7 @@ replayed or re-scheduled result equals numpy or the step-by-step path.
 from __future__ import annotations
 import sys
 import threading
+import traceback
 import numpy as np
 import pytest
 import fusegrad as fg
@@ -182,8 +183,8 @@ def test_threads_replay_the_same_structure(rng):
       a, b = data[i]
       for _ in range(20):
         np.testing.assert_allclose(_f(fg.tensor(a), fg.tensor(b)).numpy(), _f_np(a, b), rtol=1e-5, atol=1e-5)
-    except BaseException as e:
-      errors.append(e)
+    except BaseException:   # with its traceback: a race shows where it happened
+      errors.append(traceback.format_exc())
   old = sys.getswitchinterval()
   sys.setswitchinterval(1e-5)
   try:
