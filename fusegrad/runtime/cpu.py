@@ -111,13 +111,14 @@ def compiler_flags() -> list:
 ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}
 
 
-def tile_registers(regs: int) -> int:
-  """Caps.tile_registers for this machine's compiler: half the registers with clang (which spills a bigger tile),
-  else 0 (the heuristic's default). No compiler: 0 (compiling says why)."""
+def tile_caps(regs: int) -> dict:
+  """Caps.tile_registers and tile_columns for this machine's compiler: with clang half the registers and 16 columns,
+  else the heuristic's defaults (also with no compiler: compiling says why)."""
   try:
-    return regs // 2 if "clang" in find_compiler()[1].lower() else 0
+    clang = "clang" in find_compiler()[1].lower()
   except RuntimeError:
-    return 0
+    clang = False
+  return {"tile_registers": regs // 2, "tile_columns": 16} if clang else {}
 
 
 def host_vector_widths(widths: tuple) -> tuple:
@@ -162,7 +163,7 @@ class CPUDevice(Device):
     regs, lanes, _ = host_vectors()
     self._caps = replace(self.renderer.caps, vector_registers=regs, native_lanes=lanes,
                          vector_widths=host_vector_widths(self.renderer.caps.vector_widths),
-                         tile_registers=tile_registers(regs))
+                         **tile_caps(regs))
     self.threads = config.THREADS or os.cpu_count() or 1
     self._run = None          # the native launcher, built on first use
     self.compiles = 0         # compiler invocations in this process (tests read it)

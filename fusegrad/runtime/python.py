@@ -241,10 +241,10 @@ class PythonDevice(Device):
   # (this CPU's vector registers too, so register tiles come out as the CPU device's)
   def __init__(self):
     super().__init__("PYTHON", None)
-    from fusegrad.runtime.cpu import host_vectors, host_vector_widths, tile_registers
+    from fusegrad.runtime.cpu import host_vectors, host_vector_widths, tile_caps
     regs, lanes, _ = host_vectors()
     self._caps = Caps(has_local=True, max_local=1024, local_bytes=1 << 16, vector_widths=host_vector_widths((4, 8, 16)),
-                      vector_registers=regs, native_lanes=lanes, tile_registers=tile_registers(regs))
+                      vector_registers=regs, native_lanes=lanes, **tile_caps(regs))
   @property
   def caps(self): return self._caps
 

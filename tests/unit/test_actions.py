@@ -172,7 +172,7 @@ def test_gpu_heuristic_keeps_the_result(name, rng):
 
 def _avx512(caps):
   from dataclasses import replace
-  return replace(caps, vector_widths=(4, 8, 16), vector_registers=32, native_lanes=16, prefers_blocking=True, tile_registers=0,
+  return replace(caps, vector_widths=(4, 8, 16), vector_registers=32, native_lanes=16, prefers_blocking=True, tile_registers=0, tile_columns=0,
                  has_local=False)
 
 
@@ -222,7 +222,7 @@ def test_heuristic_loops_an_elementwise_axis_without_vectors(rng):
 
 def _avx2(caps):
   from dataclasses import replace
-  return replace(caps, vector_widths=(4, 8), vector_registers=16, native_lanes=8, prefers_blocking=True, tile_registers=0,
+  return replace(caps, vector_widths=(4, 8), vector_registers=16, native_lanes=8, prefers_blocking=True, tile_registers=0, tile_columns=0,
                  has_local=False)
 
 

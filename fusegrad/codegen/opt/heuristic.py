@@ -36,11 +36,13 @@ OUT_LANES = 16
 ROW_LANES = 4
 # column vectors per register tile without the machine's registers known (a GPU's; the schedule's rules)
 COL_VECTORS = 2
-# with them known (Caps.vector_registers): TILE_COLUMNS columns per tile in vectors of `tile_lanes`, the row counts
-# tried (most first) and the registers left for the operands beside the accumulators. AVX-512: 8 rows x 1 vector of
-# 16 (8 rows measured 1.8x faster than 4 on a 3x3 convolution; 2 vectors per row: the same with gcc 12, 1.4x slower
-# with clang 14, on matmuls and convolutions alike); AVX2: 6 rows x 2 vectors of 8 (12 of its 16 registers)
-TILE_COLUMNS = 16
+# with them known (Caps.vector_registers): TILE_COLUMNS columns per tile (or Caps.tile_columns) in vectors of
+# `tile_lanes`, fewer where the registers do not hold them, the row counts tried (most first) and the registers left
+# for the operands beside the accumulators. gcc 12: AVX-512 8 rows x 2 vectors of 16 (8 rows measured 1.8x faster
+# than 4 on a 3x3 convolution; 2 vectors rather than 1: the same on big matmuls, 1.8x faster on a transformer's
+# attention, whose row operand is recomputed per block of columns), AVX2 6 rows x 2 vectors of 8 (12 of its 16
+# registers). clang 14 (runtime/cpu.py): 16 columns, half the registers: AVX-512 8 x 1, AVX2 4 x 2
+TILE_COLUMNS = 32
 TILE_ROWS = (8, 6, 4, 2)
 # the most rows that fit are taken with the row axis padded to a multiple of them (PADTO) when that adds at most this
 # fraction of rows: AVX2's 16 registers hold 6 rows x 2 vectors of 8, which no power-of-two size divides (Zen 4 in
@@ -64,7 +66,8 @@ def tile_shape(caps: Caps | None) -> tuple[tuple, int]:
   if caps is None: return (ROW_LANES,), COL_VECTORS
   per_vector = max(1, tile_lanes(caps) // caps.native_lanes)      # registers holding one column vector
   budget = caps.tile_registers or caps.vector_registers - SPARE_REGISTERS
-  for cv in (max(1, TILE_COLUMNS // tile_lanes(caps)), 1):
+  cv = max(1, (caps.tile_columns or TILE_COLUMNS) // tile_lanes(caps))
+  for cv in sorted({cv, *(c for c in (4, 2, 1) if c < cv)}, reverse=True):
     rows = tuple(r for r in TILE_ROWS if r * cv * per_vector <= budget)
     if rows and rows[0] >= ROW_LANES: return rows, cv
   return (ROW_LANES,), 1

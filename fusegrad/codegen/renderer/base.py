@@ -18,10 +18,12 @@ class Caps:
   max_registers: int = 256       # values a work item may hold expanded in registers (product of UPCAST/UNROLL)
   vector_registers: int = 16     # the machine's vector registers (a register tile's accumulators must fit)...
   native_lanes: int = 4          # ...and the float32 lanes of one (a wider vector type takes several)
-  # registers a register tile's accumulators may take (0: all but a few, codegen/opt/heuristic.SPARE_REGISTERS). The
-  # CPU device sets it from its C compiler: clang 14 ran tiles of more than half the registers 1.4x slower (AVX-512:
-  # 8 x 2 vectors; AVX2: 6 x 2), where gcc 12 ran them at the machine's peak
+  # a register tile's accumulators: the registers they may take (0: all but a few, codegen/opt/heuristic.
+  # SPARE_REGISTERS) and its columns (0: heuristic.TILE_COLUMNS). The CPU device sets them from its C compiler: clang
+  # 14 ran gcc 12's tiles (AVX-512 8 x 2 vectors, AVX2 6 x 2) 1.4x slower, and 16 columns in half the registers at
+  # the machine's peak (AVX-512 8 x 1, AVX2 4 x 2)
   tile_registers: int = 0
+  tile_columns: int = 0
   prefers_blocking: bool = True  # register tiles and reduction lanes pay (CPUs; kept for GPUs until measured)
 
 
