@@ -293,5 +293,7 @@ def test_random_chains_fused_equal_realized_and_torch(device, rng, dtype):
       want = xs[0].expand(*SHAPE) @ W if name == "matmul" else fn(torch, td, O, lambda t: t, *xs)
       got = bits(split[len(inputs) + k])
       label = f"{dtype} {device} step {k} {name}{args} vs torch"
-      if exact: assert_same_bits(got, bits(want), label)
+      if name == "maximum":   # torch gives maximum(-0, +0) either sign, by its loop (+0 in place, -0 broadcast)
+        np.testing.assert_array_equal(got, bits(want), err_msg=label)
+      elif exact: assert_same_bits(got, bits(want), label)
       else: assert_within_ulp(got, bits(want), dtype, label)

@@ -82,7 +82,9 @@ def make(op, dtype, src, arg, shape, device) -> Node:
 
 def _sweep() -> None:
   global _cache
-  live = {k: r for k, r in list(_cache.items()) if (n := r()) is not None and n.buffer is None}
+  # a copy first: copying runs no Python code, so no other thread's make() can add to the dict while it is read (a
+  # garbage collection set off by building the item list could: "dictionary changed size during iteration")
+  live = {k: r for k, r in _cache.copy().items() if (n := r()) is not None and n.buffer is None}
   _cache = live
   _sweep_at[0] = max(1 << 14, 2 * len(live))
 
