@@ -211,9 +211,11 @@ def _vectorize(stores: list, u: sym.Var) -> list:
     if id(v) not in mentions: return v
     r = memo.get(id(v))
     if r is not None: return r
+    if not (u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)):
+      memo[id(v)] = r = rebuild(v)
+      return r
     vd = vec(v.dtype, n)
-    if not (u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)): r = rebuild(v)
-    elif isinstance(v, Load):
+    if isinstance(v, Load):
       if v.dtype is not dt.float32:
         r = tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
       elif _stride(v.idx, u) == 1 and u not in v.valid.variables():

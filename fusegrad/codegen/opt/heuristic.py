@@ -66,8 +66,8 @@ def tile_shape(caps: Caps | None) -> tuple[tuple, int]:
   if caps is None: return (ROW_LANES,), COL_VECTORS
   per_vector = max(1, tile_lanes(caps) // caps.native_lanes)      # registers holding one column vector
   budget = caps.tile_registers or caps.vector_registers - SPARE_REGISTERS
-  cv = max(1, (caps.tile_columns or TILE_COLUMNS) // tile_lanes(caps))
-  for cv in sorted({cv, *(c for c in (4, 2, 1) if c < cv)}, reverse=True):
+  want = max(1, (caps.tile_columns or TILE_COLUMNS) // tile_lanes(caps))
+  for cv in sorted({want, *(c for c in (4, 2, 1) if c < want)}, reverse=True):   # fewer where the rows do not fit
     rows = tuple(r for r in TILE_ROWS if r * cv * per_vector <= budget)
     if rows and rows[0] >= ROW_LANES: return rows, cv
   return (ROW_LANES,), 1
