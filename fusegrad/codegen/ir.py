@@ -191,8 +191,8 @@ class Stage(Val):
   over: tuple            # tuple[sym.Var]: the copy's variables, outermost first
   dtype: DType
   layout: tuple = ()     # the same variables in the order of the local position (outermost first; () = `over`)
-  inner: int = 0         # the innermost `inner` variables of the layout form rows of the tile padded by one
-                         # position (a row of 32 banks' multiple would put a column's values in one bank)
+  inner: int = 0         # the innermost `inner` variables of the layout form rows of the tile padded by `pad`
+  pad: int = 1           # positions (a row of 32 banks' multiple would put a column's values in one bank)
 
   def _strides(self) -> list:
     out, stride = [], 1
@@ -200,7 +200,7 @@ class Stage(Val):
     for i, x in enumerate(reversed(lay)):
       out.append(stride)
       stride *= x.hi + 1
-      if i + 1 == self.inner and i + 1 < len(lay): stride += 1
+      if i + 1 == self.inner and i + 1 < len(lay): stride += self.pad
     return out[::-1]
 
   def position(self, env: dict | None = None) -> sym.Lin:
@@ -427,7 +427,7 @@ def substitute(roots, env: dict, loops: dict | None = None, replaced: dict | Non
     elif isinstance(v, Gep): r = Gep(sub(v.src), v.lane, v.dtype)
     elif isinstance(v, Mma): r = Mma(v.tc, sub(v.a), sub(v.b), sub(v.c), v.dtype)
     elif isinstance(v, Stage):
-      r = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.over, v.dtype, v.layout, v.inner)
+      r = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.over, v.dtype, v.layout, v.inner, v.pad)
     elif isinstance(v, LocalLoad): r = LocalLoad(sub(v.src), sym.substitute(v.idx, env), v.dtype)
     elif isinstance(v, GroupReduce):
       r = GroupReduce(v.op, v.dtype, sub(v.src), v.var, sym.substitute(v.mine, env),

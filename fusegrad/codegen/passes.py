@@ -302,14 +302,21 @@ def stage(k: Kernel) -> Kernel:
     terms = dict(sym.lin(v.idx).terms)
     over = sorted(vs & copyable, key=lambda x: -(terms.get(x) or 0))
     regs = {x for x in over if kinds[x] in (K.UPCAST, K.UNROLL)}
-    layout = [x for x in over if x not in local] + [x for x in over if x in local]
+    rest = [x for x in over if x is not s]
+    # an item's register lanes in groups of at most 4 neighbours in memory, next to the LOCAL axis (a matmul's tile
+    # as heuristic.MM_VECTOR splits it): the tile in memory order, the reduction's step outermost, unpadded, so the
+    # group's items read one contiguous run, 4 values at a time; otherwise the LOCAL axes innermost
+    vector = len(rest) >= 2 and rest[-1] in regs and rest[-1].hi + 1 <= 4 and rest[-2] in local
+    layout = [s] + rest if vector else [x for x in over if x not in local] + [x for x in over if x in local]
     fresh = {x: sym.Var(f"c{x.name}", 0, x.hi) for x in over}
     env = {x: sym.lin(y) for x, y in fresh.items()}
-    inner = sum(1 for x in over if x in local or x in regs)
+    # rows of the tile: padded by one (by 4 in the vector layout: its reads of 4 stay aligned) where a row is a
+    # multiple of 32 banks (the copy's stores down a column would all meet one bank)
+    inner = len(rest) if vector else sum(1 for x in over if x in local or x in regs)
     row = 1
     for x in layout[len(layout) - inner:]: row *= x.hi + 1
     t = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), tuple(fresh[x] for x in over), v.dtype,
-              tuple(fresh[x] for x in layout), inner if row % 32 == 0 and STAGE_PAD else 0)
+              tuple(fresh[x] for x in layout), inner if row % 32 == 0 and STAGE_PAD else 0, 4 if vector else 1)
     t = stages.setdefault(t, t)
     return LocalLoad(t, t.position({fresh[x]: sym.lin(x) for x in over}), v.dtype)
   def rw(v, inside: bool):

@@ -240,6 +240,23 @@ def test_heuristic_pads_rows_to_the_tile_that_fits(rng):
     _close(run(item, tuple(opts), "CPU"), a @ b)
 
 
+def test_gpu_matmul_reads_its_local_tiles_four_at_a_time(rng):
+  """A GPU matmul's 8 x 8 register tile is 2 x 2 groups of 4 neighbouring rows and columns (heuristic.MM_VECTOR), its
+  local tiles laid out in memory order with the reduction's step outermost and rows padded by 4 (passes.stage):
+  each item reads 4 columns, and 4 rows, at a 16-byte aligned position, which the OpenCL renderer spells as one
+  aligned vector read (NVIDIA: ld.shared.v4 rather than 4 ld.shared.f32; H100 f32 4096^3 24 -> 28.5 TFLOP/s)."""
+  from fusegrad.codegen import pipeline
+  from fusegrad.codegen.renderer.cstyle import OpenCLRenderer
+  a, b = rng.standard_normal((128, 32)).astype(np.float32), rng.standard_normal((32, 128)).astype(np.float32)
+  item = one_kernel(fg.Tensor(a) @ fg.Tensor(b))
+  opts = heuristic.hand_coded(item.kernel, GPU)
+  assert [o.arg for o in opts if o.op is OptOp.UPCAST] == [4, 4, 2, 2], opts
+  p = pipeline.prepare(item.kernel, GPU, tuple(opts))
+  src = OpenCLRenderer().render(p.kernel, p.listing)
+  assert src.count("(*(__local float4*)") == 2 and "aligned(16)" in src, src
+  _close(run(item, tuple(opts)), a @ b)
+
+
 def test_masked_matmul_keeps_vector_accumulators(rng):
   """Attention's scores: q @ k.T (k's transpose stored) with a causal mask and a scale after the sum. The sum runs
   on vector accumulators; the epilogue (a bool load, a select) runs lane by lane (a scalar 8 x 32 tile spilled:

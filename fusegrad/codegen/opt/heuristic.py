@@ -292,6 +292,8 @@ MM_LOCAL, MM_TILES = 16, (8, 4)
 # the reduction's tile a matmul's work-group copies to local memory per step (0: none; H100 f32 4096^3: 16 or 32
 # 21.1-21.3 TFLOP/s, 8 19.4, none 19.5)
 MM_STAGE = 16
+# a matmul item's rows and columns in groups of this many neighbours (0: all t together)
+MM_VECTOR = 4
 
 
 def _pow2_divisor(n: int, most: int, least: int = 1) -> int:
@@ -337,10 +339,16 @@ def _work_groups(k: Kernel, caps: Caps) -> list:
     rows, cols = tile[0][0], tile[-1][0] if tile[-1][0] is not None else tile[-2][0]
     t = next((t for t in MM_TILES if (rows.hi + 1) % (MM_LOCAL * t) == 0 and (cols.hi + 1) % (MM_LOCAL * t) == 0), 0)
     if t:
-      co, ro = do(OptOp.UPCAST, cols, t), do(OptOp.UPCAST, rows, t)
+      # each item's t rows and columns as t / MM_VECTOR groups of MM_VECTOR neighbours, the groups MM_LOCAL * MM_VECTOR
+      # apart: the columns a work-group's 16 items read at one step of the reduction are one contiguous run of its
+      # local tile, read MM_VECTOR at a time without bank conflicts (passes.stage lays such a tile out in memory order)
+      v = MM_VECTOR if MM_VECTOR and t % MM_VECTOR == 0 and t > MM_VECTOR else t
+      co, ro = do(OptOp.UPCAST, cols, v), do(OptOp.UPCAST, rows, v)
       if co is not None and ro is not None:
-        do(OptOp.LOCAL, ro, MM_LOCAL)
-        do(OptOp.LOCAL, co, MM_LOCAL)
+        ro, co = do(OptOp.LOCAL, ro, MM_LOCAL), do(OptOp.LOCAL, co, MM_LOCAL)
+        if v < t and ro is not None and co is not None:
+          do(OptOp.UPCAST, co, t // v)
+          do(OptOp.UPCAST, ro, t // v)
         # the group's rows and columns of the operands through local memory, a tile of the reduction at a time
         red = next((a.var for a in k.of_kind(K.REDUCE) if MM_STAGE and a.size % MM_STAGE == 0), None)
         if red is not None: do(OptOp.STAGE, red, MM_STAGE)
