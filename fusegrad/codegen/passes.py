@@ -263,7 +263,8 @@ def _vectorize(stores: list, u: sym.Var) -> list:
   for st in stores:
     val = vz(st.value)
     on_u = u in sym.variables(st.idx) or u in st.valid.variables()
-    if not on_u and u not in deps[id(st.value)]: out.append(Store(st.buf, st.idx, val, st.valid))   # (maybe a vector of another axis)
+    if not on_u and u not in deps[id(st.value)]:   # not along u (maybe a vector of another axis): as it is
+      out.append(Store(st.buf, st.idx, val, st.valid))
     elif isvec(val) and _stride(st.idx, u) == 1 and u not in st.valid.variables():
       out.append(Store(st.buf, sym.substitute(st.idx, at[0]), val, st.valid))
     else:
@@ -282,9 +283,10 @@ def stage(k: Kernel) -> Kernel:
   tile), reads a local copy of its tile instead (ir.Stage, ir.LocalLoad): the tile holds its values at all indices
   of the LOCAL, register and s axes it depends on, copied in the order of their strides in memory (neighbouring
   items of the copy read neighbouring addresses) and laid out with the LOCAL axes innermost (neighbouring items
-  read neighbouring positions; an item's register tile innermost instead, read as vectors, measured 20% slower),
-  in rows padded by one where a row is a multiple of 32 banks. Each work item reads a value the group copied
-  once, not its own global load (a matmul's rows and columns are read by many items of a group)."""
+  read neighbouring positions; an item's 8 neighbouring lanes innermost, read as vectors, measured 20% slower;
+  lanes in groups of 4 next to the LOCAL axis keep memory order and are read 4 at a time, aligned), in rows
+  padded by one (by 4 in the grouped layout) where a row is a multiple of 32 banks. Each work item reads a value
+  the group copied once, not its own global load (a matmul's rows and columns are read by many items of a group)."""
   st = k.of_kind(K.STAGE)
   if not st: return k
   s = st[0].var
@@ -304,8 +306,8 @@ def stage(k: Kernel) -> Kernel:
     regs = {x for x in over if kinds[x] in (K.UPCAST, K.UNROLL)}
     rest = [x for x in over if x is not s]
     # an item's register lanes in groups of at most 4 neighbours in memory, next to the LOCAL axis (a matmul's tile
-    # as heuristic.MM_VECTOR splits it): the tile in memory order, the reduction's step outermost, unpadded, so the
-    # group's items read one contiguous run, 4 values at a time; otherwise the LOCAL axes innermost
+    # as heuristic.MM_VECTOR splits it): the tile in memory order, the reduction's step outermost, so the group's
+    # items read one contiguous run, 4 aligned values at a time; otherwise the LOCAL axes innermost
     vector = len(rest) >= 2 and rest[-1] in regs and rest[-1].hi + 1 <= 4 and rest[-2] in local
     layout = [s] + rest if vector else [x for x in over if x not in local] + [x for x in over if x in local]
     fresh = {x: sym.Var(f"c{x.name}", 0, x.hi) for x in over}

@@ -140,7 +140,7 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   if (col.hi + 1) % cols: return []
   if not ((extent // cols >= MIN_PARALLEL and _reused_without(col, reduces, deps)) or
           (extent // cols >= 4 and _columns_contiguous(col, reduces))): return []
-  col_loads = [x for x in _reduce_loads(reduces) if col in deps[id(x)]]
+  col_loads = [x for x in loads if col in deps[id(x)]]
   if any(dict(sym.lin(x.idx).terms).get(col, 1) != 1 for x in col_loads if isinstance(x, Load)): return []
   tile, work = [(col, cols)], extent // cols
   row_counts, col_vectors = tile_shape(caps)
