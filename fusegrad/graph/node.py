@@ -68,7 +68,11 @@ def make(op, dtype, src, arg, shape, device) -> Node:
   if op == "CONST":   # 1 and True, 0.0 and -0.0 are equal keys but different constants
     a = (type(arg), arg) if arg or type(arg) is not float else (float, arg, math.copysign(1.0, arg))
   elif type(arg) is float and arg != arg: a = ("nan",)
-  key = (op, dtype, tuple(map(id, src)), a, shape, device)
+  elif op == "VIEW": a = tuple(arg)
+  # plain values only (the dtype by name, a view as a plain tuple): such a tuple leaves the garbage collector's
+  # tracking at its first young collection instead of being promoted with the graph it keys and scanned in every
+  # full collection (a training step makes thousands of nodes that live for the step)
+  key = (op, dtype.name, tuple(map(id, src)), a, shape, device)
   if dims.bound_any[0]: key += (dims.tags(shape),)   # a runtime size is no equal plain one (graph/dims.py)
   r = _cache.get(key)
   if r is not None:

@@ -52,10 +52,16 @@ class LoadError(RuntimeError):
 
 class _Job(ctypes.Structure):
   """fg_job of runtime/cpu_pool.c: one launch's kernels and how far it got (each caller has its own)."""
-  _fields_ = [("count", ctypes.c_longlong), ("entries", ctypes.POINTER(ctypes.c_void_p)),
-              ("bufs", ctypes.POINTER(ctypes.POINTER(ctypes.c_void_p))), ("n", ctypes.POINTER(ctypes.c_longlong)),
-              ("parts", ctypes.POINTER(ctypes.c_longlong)), ("slice_ns", ctypes.c_longlong),
+  # the arrays' addresses are in one block that launch_batch keeps alive for the call
+  _fields_ = [("count", ctypes.c_longlong), ("entries", ctypes.c_void_p), ("bufs", ctypes.c_void_p),
+              ("n", ctypes.c_void_p), ("parts", ctypes.c_void_p), ("slice_ns", ctypes.c_longlong),
               ("k", ctypes.c_longlong), ("chunk", ctypes.c_longlong), ("pooled", ctypes.c_longlong)]
+
+
+class Mem(np.ndarray):
+  """A CPU device allocation: bytes that also know their address (`addr`), which every launch passes to the
+  native launcher (numpy's `.ctypes.data` costs about 2 us, a few per kernel)."""
+  __slots__ = ("addr",)
 
 
 class _Library:
@@ -178,8 +184,11 @@ class CPUDevice(Device):
   def alloc(self, nbytes: int):
     # 64-byte aligned (a cache line, an AVX-512 vector): misaligned vector loads measured 1.5x slower
     raw = np.empty(max(nbytes, 1) + ALIGN, dtype=np.uint8)
-    off = -raw.ctypes.data % ALIGN
-    return raw[off:off + max(nbytes, 1)]
+    base = raw.ctypes.data
+    off = -base % ALIGN
+    m = raw[off:off + max(nbytes, 1)].view(Mem)
+    m.addr = base + off
+    return m
   def copyin(self, handle, src: np.ndarray) -> None: handle[:src.nbytes] = src
   def copyout(self, dst: np.ndarray, handle) -> None: dst[:] = handle[:dst.nbytes]
 
@@ -249,21 +258,26 @@ class CPUDevice(Device):
     when no worker runs its kernels any more, since the buffers may be freed right after."""
     count = len(launches)
     run, cancel = self._launcher()
-    entries = (ctypes.c_void_p * count)()
-    bufs = (ctypes.POINTER(ctypes.c_void_p) * count)()
-    sizes = (ctypes.c_longlong * count)()
-    parts = (ctypes.c_longlong * count)()
-    keep = []
-    for i, (program, kernel, handles) in enumerate(launches):
-      arr = (ctypes.c_void_p * max(len(handles), 1))(*[h.ctypes.data for h in handles])
-      keep.append(arr)
-      entries[i] = program._entry
-      bufs[i] = ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
+    # one native array holds the job's fields and every kernel's buffer addresses (a few C calls per batch, not
+    # ctypes objects per kernel: a replayed step launches hundreds of small kernels; numpy's .ctypes costs 2 us)
+    addrs, starts, entries, sizes, parts = [], [], [], [], []
+    small, threads = PARALLEL_MIN_WORK, self.threads
+    for program, kernel, handles in launches:
+      starts.append(len(addrs))
+      addrs += [h.addr if type(h) is Mem else h.ctypes.data for h in handles]
+      entries.append(program._entry)
       n = kernel.global_size
-      sizes[i] = n
-      parts[i] = 1 if n < 2 or kernel.cost < PARALLEL_MIN_WORK else \
-          min(n, MAX_PARTS, max(self.threads * CHUNKS_PER_THREAD, kernel.cost // CHUNK_WORK))
-    job = _Job(count, entries, bufs, sizes, parts, SLICE_NS, 0, 0, 0)
+      sizes.append(n)
+      parts.append(1 if n < 2 or kernel.cost < small else
+                   min(n, MAX_PARTS, max(threads * CHUNKS_PER_THREAD, kernel.cost // CHUNK_WORK)))
+    c = count
+    block = (ctypes.c_int64 * (4 * c + len(addrs)))()
+    base = ctypes.addressof(block)
+    flat = base + 8 * 4 * c
+    block[0:c], block[c:2 * c], block[2 * c:3 * c] = entries, sizes, parts
+    block[3 * c:4 * c] = [flat + 8 * i for i in starts]
+    block[4 * c:] = addrs
+    job = _Job(count, base, base + 8 * 3 * c, base + 8 * c, base + 16 * c, SLICE_NS, 0, 0, 0)
     ref = ctypes.byref(job)
     try:
       while run(ref): pass
