@@ -184,7 +184,15 @@ class Stage(Val):
   variables, the first outermost: neighbouring steps read neighbouring addresses) at their mixed-radix digits of j,
   and stores buf[idx] (0 where not valid) at the local position of those variables in `layout` order (neighbouring
   items read neighbouring positions). The group meets at a barrier before the copy (the last tile's readers are
-  done) and after it."""
+  done) and after it.
+
+  A prefetched tile (`prefetch`, OptOp.PREFETCH) is copied before the loop over the tiles (`prefetch`: the loop just
+  outside the tile), at its first index; in each step every item first loads its share of the next step's tile
+  into registers (copy steps lidx, lidx + L, ..., L the group's size: `item_steps`), then the step reads its tile,
+  then the registers are stored into local memory: the global loads' latency hides behind the step's arithmetic.
+  With one buffer the store sits between two barriers; with two (`buffers`) tile t lives in buffer t % 2 (its
+  LocalLoads' positions say so), the next tile is stored into the other one and a barrier after the store is all a
+  step needs (the other buffer's readers were done at the last step's barrier)."""
   buf: int
   idx: sym.Lin           # over `over`, the kernel's global axes and the loops outside the tile
   valid: sym.Cond
@@ -193,6 +201,8 @@ class Stage(Val):
   layout: tuple = ()     # the same variables in the order of the local position (outermost first; () = `over`)
   inner: int = 0         # the innermost `inner` variables of the layout form rows of the tile padded by `pad`
   pad: int = 1           # positions (a row of 32 banks' multiple would put a column's values in one bank)
+  prefetch: sym.Var | None = None   # the loop over the tiles whose next tile each step loads into registers (or None)
+  buffers: int = 1       # local buffers of the tile (2: alternating, tile t in buffer t % 2; prefetched tiles only)
 
   def _strides(self) -> list:
     out, stride = [], 1
@@ -225,6 +235,35 @@ class Stage(Val):
     n = 1
     for v in self.over: n *= v.hi + 1
     return n
+
+  @property
+  def buffer_stride(self) -> int:
+    """The distance between the starts of two buffers: the positions rounded up to 4 (aligned vector reads stay
+    aligned in the second one)."""
+    return -(-self.positions // 4) * 4
+
+  @property
+  def length(self) -> int:
+    """The local memory the tile takes, in values (every buffer)."""
+    return self.positions if self.buffers == 1 else self.buffer_stride * self.buffers
+
+  def buffer_at(self, step) -> sym.Lin:
+    """The start of the buffer that holds the tile of step `step` (an index expression of the prefetched loop)."""
+    return sym.mod(sym.lin(step), self.buffers) * self.buffer_stride if self.buffers > 1 else sym.const(0)
+
+  def item_steps(self, lidx, local: int) -> list:
+    """The copy steps one work item (at index lidx of a group of `local`) makes: [(step, where it exists)], the
+    step lidx + i * local for each i, the last ones guarded where local does not divide the size."""
+    out = []
+    for i in range(-(-self.size // local)):
+      j = sym.lin(lidx) + i * local
+      out.append((j, sym.TRUE if (i + 1) * local <= self.size else sym.Cond.range(j, 0, self.size)))
+    return out
+
+  def at_step(self, step) -> tuple:
+    """(idx, valid) of the prefetched loop's tile at index expression `step` (its first: 0; the next: step + 1)."""
+    env = {self.prefetch: sym.lin(step)}
+    return sym.substitute(self.idx, env), self.valid.substitute(env)
 
 
 @dataclass(frozen=True, eq=True)
@@ -295,6 +334,8 @@ class Kernel:
   # keep reads in bounds); not part of what the kernel is
   example: tuple = field(default=(), compare=False, repr=False)
   tensor_core: object = None   # the codegen/opt/tc.TensorCore whose tile the TC_M/TC_N/TC_K axes hold (OptOp.TC)
+  prefetch: int = 0      # OptOp.PREFETCH: the STAGE axis's tiles prefetched through registers into this many local
+                         # buffers (0: each step copies its own tile; codegen/passes.stage)
 
   def of_kind(self, *kinds) -> tuple:
     return tuple(a for a in self.axes if a.kind in kinds)
@@ -426,8 +467,7 @@ def substitute(roots, env: dict, loops: dict | None = None, replaced: dict | Non
     elif isinstance(v, Vectorize): r = Vectorize(tuple(sub(c) for c in v.src), v.dtype)
     elif isinstance(v, Gep): r = Gep(sub(v.src), v.lane, v.dtype)
     elif isinstance(v, Mma): r = Mma(v.tc, sub(v.a), sub(v.b), sub(v.c), v.dtype)
-    elif isinstance(v, Stage):
-      r = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.over, v.dtype, v.layout, v.inner, v.pad)
+    elif isinstance(v, Stage): r = replace(v, idx=sym.substitute(v.idx, env), valid=v.valid.substitute(env))
     elif isinstance(v, LocalLoad): r = LocalLoad(sub(v.src), sym.substitute(v.idx, env), v.dtype)
     elif isinstance(v, GroupReduce):
       r = GroupReduce(v.op, v.dtype, sub(v.src), v.var, sym.substitute(v.mine, env),

@@ -5,13 +5,18 @@ Each value goes to the outermost scope where everything it depends on exists, so
 falls out: a value of the row is computed before the loop over the row's columns, a reduction's accumulator
 lives just outside its own loops. Reductions that share their loops (the copies of a register tile) share
 one loop nest. Within a scope, statements and inner loops are ordered by their dependencies.
+
+A prefetched local tile (ir.Stage.prefetch, the loop over the tiles p) is three statements: its Let copies the first
+tile just before p's loop; in p's loop a Fetch loads the item's share of the next tile into registers before the
+step's reads of the tile (LocalLoads), and after them one Refill per loop stores every fetched tile into local
+memory.
 """
 from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from fusegrad.graph import symbolic as sym
-from fusegrad.codegen.ir import (Kernel, AxisKind, Reduce, LocalLoad, Val, VecDType, children, dependencies, toposort,
-                                 axis_variables)
+from fusegrad.codegen.ir import (Kernel, AxisKind, Reduce, Stage, LocalLoad, Val, VecDType, children, dependencies,
+                                 toposort, axis_variables)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,24 @@ class StoreSt:
   valid: sym.Cond
   arg: str                  # where valid: bufs[buf][idx] = arg
   vec: object = None        # ir.VecDType of a vector value: bufs[buf][idx:idx+count] = arg
+
+
+@dataclass(frozen=True)
+class Fetch:
+  """Where `valid` holds (the loop over the tiles has a next step), the work item's copy steps of the next step's
+  tile of the prefetched Stage named `name` (ir.Stage.item_steps) loaded into its registers `name`_r0, _r1, ..."""
+  name: str
+  stage: Stage
+  valid: sym.Cond
+
+@dataclass(frozen=True)
+class Refill:
+  """The registers that the Fetches of `names` (their `stages`) loaded, stored into their tiles' local memory where
+  `valid` holds (the step had a next one): with one buffer between two barriers (the step's reads are done, the
+  stores are seen), with two into the buffer of the next step, then one barrier."""
+  names: tuple
+  stages: tuple
+  valid: sym.Cond
 
 
 class LinearizeError(RuntimeError):
@@ -91,10 +114,12 @@ def linearize(k: Kernel) -> list:
       p = gpath_memo[key] = longest(var_path(x) for m in rs for x in deps[id(m)])
     return p
 
-  # the scope of every value: its own variables' and its children's scopes (a reduction: its group's)
+  # the scope of every value: its own variables' and its children's scopes (a reduction: its group's); a prefetched
+  # tile's copy of its first step: just outside the loop over the tiles
   path: dict = {}
   for v in vals:
     if isinstance(v, Reduce): path[id(v)] = group_path(v)
+    elif isinstance(v, Stage) and v.prefetch is not None: path[id(v)] = var_path(v.prefetch)[:-1]
     else:
       # a value's own index variables (a leaf's all; a read of a local tile's, beside its tile's scope)
       own = deps[id(v)] if not children(v) else axis_variables(v.idx) if isinstance(v, LocalLoad) else ()
@@ -156,13 +181,31 @@ def linearize(k: Kernel) -> list:
       stmts[i] = Let(name, v, tuple(use(i, c) for c in children(v)))
       names[id(v)] = name
       done_at[id(v)] = (path[id(v)], i)
+  ends = {a.var: a.end for a in k.axes if a.end is not None}
+  # prefetched tiles: the next tile's loads before the step's first read of it, the stores after its last
+  refills: dict = {}
+  for v in vals:
+    if not (isinstance(v, Stage) and v.prefetch is not None): continue
+    p = v.prefetch
+    if var_path(p)[:-1] != path[id(v)]: raise LinearizeError(f"the prefetched tile {names[id(v)]} is not at its loop")
+    nxt = sym.Cond.range(p, 0, p.hi)   # p + 1 <= p.hi
+    if p in ends: nxt = nxt & sym.Cond.range(ends[p] - p, 2, (1 << 62))   # p + 1 < its runtime end
+    f = add(Fetch(names[id(v)], v, nxt), var_path(p))
+    after(f, *done_at[id(v)])
+    if p not in refills: refills[p] = add(Refill((), (), nxt), var_path(p))
+    r = refills[p]
+    stmts[r] = Refill(stmts[r].names + (names[id(v)],), stmts[r].stages + (v,), nxt)
+    after(r, where[f], f)
+    for i, st in enumerate(stmts):
+      if isinstance(st, Let) and isinstance(st.val, LocalLoad) and st.val.src is v:
+        after(i, where[f], f)
+        after(r, where[i], i)
   for st in k.stores:
     p = longest([var_path(x) for x in sym.variables(st.idx) | st.valid.variables()] + [path[id(st.value)]])
     i = add(None, p)
     vd = st.value.dtype
     stmts[i] = StoreSt(st.buf, st.idx, st.valid, use(i, st.value), vd if isinstance(vd, VecDType) else None)
 
-  ends = {a.var: a.end for a in k.axes if a.end is not None}
   out: list = []
   def emit(scope: tuple) -> None:
     order = _toposort(items.get(scope, []), edges.get(scope, set()), k)
@@ -216,4 +259,9 @@ def format_listing(listing: list) -> str:
     elif isinstance(st, StoreSt):
       guard = "" if st.valid.is_true else f"if {st.valid!r}: "
       lines.append(f"{ind}{guard}b{st.buf}[{st.idx!r}] = {st.arg}")
+    elif isinstance(st, Fetch):
+      lines.append(f"{ind}if {st.valid!r}: {st.name}_r* = Fetch b{st.stage.buf}[{st.stage.idx!r}] at "
+                   f"{st.stage.prefetch.name}+1")
+    elif isinstance(st, Refill):
+      lines.append(f"{ind}if {st.valid!r}: Refill({', '.join(n + '_r*' for n in st.names)})")
   return "\n".join(lines)

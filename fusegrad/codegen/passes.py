@@ -286,7 +286,11 @@ def stage(k: Kernel) -> Kernel:
   read neighbouring positions; an item's 8 neighbouring lanes innermost, read as vectors, measured 20% slower;
   lanes in groups of 4 next to the LOCAL axis keep memory order and are read 4 at a time, aligned), in rows
   padded by one (by 4 in the grouped layout) where a row is a multiple of 32 banks. Each work item reads a value
-  the group copied once, not its own global load (a matmul's rows and columns are read by many items of a group)."""
+  the group copied once, not its own global load (a matmul's rows and columns are read by many items of a group).
+
+  With k.prefetch (OptOp.PREFETCH) a tile that changes along the loop just outside s (the step: the reduction's
+  innermost loop outside the tile that stays a loop) is prefetched through registers (ir.Stage.prefetch), in
+  k.prefetch local buffers: with two, a read of tile t is at its buffer's offset (t % 2)."""
   st = k.of_kind(K.STAGE)
   if not st: return k
   s = st[0].var
@@ -294,8 +298,14 @@ def stage(k: Kernel) -> Kernel:
   copyable = {v for v, kd in kinds.items() if kd in (K.LOCAL, K.UPCAST, K.UNROLL)} | {s}
   local = {v for v, kd in kinds.items() if kd is K.LOCAL}
   fixed = {v for v, kd in kinds.items() if kd is K.GLOBAL}
+  steps = set()
   for r in toposort([x.value for x in k.stores]):
-    if isinstance(r, Reduce) and s in r.loops: fixed |= set(r.loops[:r.loops.index(s)])
+    if isinstance(r, Reduce) and s in r.loops:
+      fixed |= set(r.loops[:r.loops.index(s)])
+      outside = [x for x in r.loops[:r.loops.index(s)] if kinds[x] not in REGISTER_KINDS]
+      steps.add(outside[-1] if outside else None)
+  # the loop over the tiles (one for every reduction over s) whose steps prefetch the next one
+  step = next(iter(steps)) if k.prefetch and len(steps) == 1 else None
   stages: dict = {}
   memo: dict = {}
   def staged(v: Load):
@@ -317,10 +327,13 @@ def stage(k: Kernel) -> Kernel:
     inner = len(rest) if vector else sum(1 for x in over if x in local or x in regs)
     row = 1
     for x in layout[len(layout) - inner:]: row *= x.hi + 1
+    ahead = step if step is not None and step in vs else None
     t = Stage(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), tuple(fresh[x] for x in over), v.dtype,
-              tuple(fresh[x] for x in layout), inner if row % 32 == 0 and STAGE_PAD else 0, 4 if vector else 1)
+              tuple(fresh[x] for x in layout), inner if row % 32 == 0 and STAGE_PAD else 0, 4 if vector else 1,
+              ahead, k.prefetch if ahead is not None else 1)
     t = stages.setdefault(t, t)
-    return LocalLoad(t, t.position({fresh[x]: sym.lin(x) for x in over}), v.dtype)
+    pos = t.position({fresh[x]: sym.lin(x) for x in over})
+    return LocalLoad(t, pos + t.buffer_at(step) if ahead is not None else pos, v.dtype)
   def rw(v, inside: bool):
     key = (id(v), inside)
     r = memo.get(key)

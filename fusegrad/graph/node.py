@@ -25,11 +25,12 @@ _seq = itertools.count()
 class Node:
   # seq: creation order; a node's sources are always older, so sorting by seq is a topological order (the
   # scheduler's structural key walks graphs in it)
-  __slots__ = ("op", "dtype", "src", "arg", "shape", "device", "buffer", "seq", "__weakref__")
+  # skey: the scheduler's structural key of this node alone (schedule._structure fills it on first use)
+  __slots__ = ("op", "dtype", "src", "arg", "shape", "device", "buffer", "seq", "skey", "__weakref__")
 
   def __init__(self, op, dtype, src, arg, shape, device):
     self.op, self.dtype, self.src, self.arg, self.shape, self.device = op, dtype, src, arg, shape, device
-    self.buffer = None
+    self.buffer = self.skey = None
     self.seq = next(_seq)
 
   @property

@@ -17,7 +17,7 @@ from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
 from fusegrad.codegen.ir import (tree_top, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu,
                                  Vectorize, Gep, VecDType, Mma)
-from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
+from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt, Fetch, Refill
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen import passes
 
@@ -155,6 +155,8 @@ class Interpreter:
         fn = (_BOOL_FOLD if r.dtype.is_bool else {}).get(r.op, _FOLD[r.op])
         with np.errstate(all="ignore"):
           for a in st.args: env[st.name] = fn(env[st.name], env[a]).astype(_reg(r.dtype), copy=False)
+      elif isinstance(st, Fetch): self._fetch(st, env, bufs, n)
+      elif isinstance(st, Refill): self._refill(st, env, n)
       elif isinstance(st, StoreSt):
         d = self.k.bufs[st.buf].dtype
         ok = np.broadcast_to(np.asarray(sym.evaluate_cond(st.valid, env)), (n,))
@@ -165,6 +167,51 @@ class Interpreter:
         val = np.broadcast_to(np.asarray(env[st.arg]), shape)[ok]
         bufs[st.buf][pos] = _bf16_round(val) if d == dt.bfloat16 else _cast(val, d).astype(d.np)
       i += 1
+
+  def _uniform(self, c: sym.Cond, env) -> bool:
+    """A condition over the loops of the work-group (the same for every item: a prefetch's next step)."""
+    return bool(np.all(sym.evaluate_cond(c, env)))
+
+  def _item_steps(self, v: Stage, env, n):
+    """[(copy step, where it exists)] arrays over the items: the steps each item copies (ir.Stage.item_steps)."""
+    local = self.k.local_size[0]
+    lidx = sym.Var(passes.LIDX, 0, local - 1)
+    return [(np.broadcast_to(np.asarray(sym.evaluate(j, env)), (n,)),
+             np.broadcast_to(np.asarray(sym.evaluate_cond(ok, env)), (n,))) for j, ok in v.item_steps(lidx, local)]
+
+  def _fetch(self, st: Fetch, env, bufs, n) -> None:
+    """Each item's copy steps of the next step's tile, into its registers (`name`_r<i>: [items] arrays) with the
+    local positions they go to (`name`_p<i>)."""
+    v = st.stage
+    if not self._uniform(st.valid, env): return
+    idx, valid = v.at_step(sym.lin(v.prefetch) + 1)
+    b = bufs[v.buf]
+    jv = sym.Var("j", 0, v.size - 1)
+    digits = v.copy_digits(sym.lin(jv))
+    for i, (j, ok) in enumerate(self._item_steps(v, env, n)):
+      jenv = dict(env)
+      for x, e in digits.items(): jenv[x] = sym.evaluate(e, {jv: np.where(ok, j, 0)})
+      pos = np.broadcast_to(np.asarray(sym.evaluate(idx, jenv)), (n,))
+      good = ok & np.broadcast_to(np.asarray(sym.evaluate_cond(valid, jenv)), (n,))
+      x = b[np.where(good, pos, 0)] if b.size else np.zeros(n, b.dtype)
+      if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
+      env[f"{st.name}_r{i}"] = np.where(good, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
+      where = sym.lin(v.position()) + v.buffer_at(sym.lin(v.prefetch) + 1)
+      env[f"{st.name}_p{i}"] = np.broadcast_to(np.asarray(sym.evaluate(where, jenv)), (n,)), ok
+
+  def _refill(self, st: Refill, env, n) -> None:
+    """The registers the group's items fetched, stored into the group's tile (every item holds a copy of it:
+    [items, positions]): a group's items are neighbours in the launch."""
+    if not self._uniform(st.valid, env): return
+    local = self.k.local_size[0]
+    if n % local: raise AssertionError(f"a prefetched tile over {n} work items: not whole groups of {local}")
+    for name, v in zip(st.names, st.stages):
+      tile = env[name].reshape(n // local, local, -1)
+      for i in range(len(v.item_steps(sym.Var(passes.LIDX, 0, local - 1), local))):
+        (pos, ok), val = env[f"{name}_p{i}"], env[f"{name}_r{i}"]
+        g, t = np.nonzero(ok.reshape(n // local, local))
+        tile[g[:, None], np.arange(local)[None, :], pos.reshape(n // local, local)[g, t][:, None]] = \
+            val.reshape(n // local, local)[g, t][:, None]
 
   def _value(self, v, a, env, bufs, n):
     if isinstance(v, Const): return np.asarray(v.value, dtype=_reg(v.dtype))
@@ -191,17 +238,18 @@ class Interpreter:
       x = bufs[v.buf][np.where(ok, pos, 0)] if v.size else np.zeros(pos.shape, bufs[v.buf].dtype)
       if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
       return np.where(ok, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
-    if isinstance(v, Stage):   # every item holds its group's tile: [items, positions]
+    if isinstance(v, Stage):   # every item holds its group's tile: [items, positions] (a prefetched one: its first)
       tenv = {x: (np.asarray(y)[:, None] if np.ndim(y) == 1 else y) for x, y in env.items() if isinstance(x, sym.Var)}
       j = sym.Var("j", 0, v.size - 1)
       steps = {j: np.arange(v.size)[None, :]}
       for x, e in v.copy_digits(sym.lin(j)).items(): tenv[x] = np.broadcast_to(sym.evaluate(e, steps), (1, v.size))
-      idx = np.broadcast_to(np.asarray(sym.evaluate(v.idx, tenv)), (n, v.size))
-      ok = np.broadcast_to(np.asarray(sym.evaluate_cond(v.valid, tenv)), (n, v.size))
+      vidx, vvalid = v.at_step(0) if v.prefetch is not None else (v.idx, v.valid)
+      idx = np.broadcast_to(np.asarray(sym.evaluate(vidx, tenv)), (n, v.size))
+      ok = np.broadcast_to(np.asarray(sym.evaluate_cond(vvalid, tenv)), (n, v.size))
       b = bufs[v.buf]
       x = b[np.where(ok, idx, 0)] if b.size else np.zeros((n, v.size), b.dtype)
       if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
-      out = np.zeros((n, v.positions), _reg(v.dtype))
+      out = np.zeros((n, v.length), _reg(v.dtype))
       out[:, np.broadcast_to(np.asarray(sym.evaluate(v.position(), tenv)), (1, v.size))[0]] = \
           np.where(ok, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
       return out

@@ -97,15 +97,37 @@ def _structure(roots: list[Node]) -> tuple[tuple, list[Node]]:
   flat: list = []
   push = flat.append
   tagged = dims.bound_any[0]   # runtime sizes are keyed by their Variable too (graph/dims.py)
+  if tagged: return _structure_tagged(roots, nodes, index)
   for n in nodes:
     if n.buffer is not None:
-      push("IN"); push(n.dtype); push(n.shape); push(n.device)
-      if tagged: push(dims.tags(n.shape))
+      push(("IN", n.dtype, n.shape, n.device))
+      continue
+    src = n.src
+    if n.op == "VIEW" and src[0].buffer is not None:   # a view of a buffer: keyed without its offset
+      push(("VIEW", n.dtype, n.shape, n.device, _view_key(n.arg), 1))
+    else:
+      k = n.skey
+      if k is None:   # the node's own part, kept on it (nothing in it changes while the node is unrealized)
+        a = n.arg
+        k = n.skey = (n.op, n.dtype, n.shape, n.device, a if a is None or not isinstance(a, (bool, int, float)) else
+                      _PARAM if is_param(n) else _arg_key(a), len(src))
+      push(k)
+    for x in src: push(index[id(x)])
+  for r in roots: push(index[id(r)])
+  return tuple(flat), nodes
+
+
+def _structure_tagged(roots: list[Node], nodes: list[Node], index: dict) -> tuple[tuple, list[Node]]:
+  """_structure's record where runtime sizes exist: each shape also keyed by its Variables."""
+  flat: list = []
+  push = flat.append
+  for n in nodes:
+    if n.buffer is not None:
+      push("IN"); push(n.dtype); push(n.shape); push(n.device); push(dims.tags(n.shape))
       continue
     a, src = n.arg, n.src
-    push(n.op); push(n.dtype); push(n.shape); push(n.device)
-    if tagged: push(dims.tags(n.shape))
-    if n.op == "VIEW" and src[0].buffer is not None and not (tagged and dims.tags(src[0].shape)): push(_view_key(a))
+    push(n.op); push(n.dtype); push(n.shape); push(n.device); push(dims.tags(n.shape))
+    if n.op == "VIEW" and src[0].buffer is not None and not dims.tags(src[0].shape): push(_view_key(a))
     else: push(a if a is None or not isinstance(a, (bool, int, float)) else _PARAM if is_param(n) else _arg_key(a))
     push(len(src))
     for x in src: push(index[id(x)])

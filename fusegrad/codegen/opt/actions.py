@@ -32,6 +32,8 @@ class OptOp(enum.Enum):
   STAGE = "stage"      # split off `arg` indices of a reduction axis as a tile the work-group copies to local memory
   TC = "tc"            # the kernel's matmul on tensor core caps.tensor_cores[arg] (codegen/opt/tc.py), `axis` its
                        # reduction axis K: one warp per tile (_tc)
+  PREFETCH = "prefetch"  # the STAGE axis's next tile loaded into registers while each step computes, then stored
+                         # into local memory: one buffer (arg 1) or two taken in turn (arg 2) (_prefetch)
 
 
 @dataclass(frozen=True)
@@ -180,8 +182,32 @@ def _stage(k, opt, a, caps):
   out = _split(k, opt.axis, opt.arg, K.STAGE)
   tiles = passes.stages(passes.stage(out))
   _need(bool(tiles), opt, k, "no load of the reduction reads a tile shared by the work-group")
-  nbytes = sum(t.positions * t.dtype.itemsize for t in tiles)
+  nbytes = sum(t.length * t.dtype.itemsize for t in tiles)
   _need(nbytes <= caps.local_bytes, opt, k, f"the tiles' {nbytes} bytes exceed the device's {caps.local_bytes}")
+  return out
+
+
+def _prefetch(k, opt, a, caps):
+  """Software pipelining of a staged reduction (ir.Stage.prefetch): each step of the loop over the tiles loads the
+  next tile's values into registers before it reads its own tile from local memory, and stores them after; `arg`
+  local buffers per tile (2: no barrier between the step's reads and the next tile's stores)."""
+  from fusegrad.codegen import passes
+  _need(caps.has_local, opt, k, "the device has no work-groups (local memory)")
+  _need(a.kind is K.STAGE, opt, k, f"only the staged axis (STAGE first) is prefetched, this one is {a.kind.value}")
+  _need(not k.prefetch, opt, k, "the staged tiles are prefetched already")
+  _need(opt.arg in (1, 2), opt, k, f"the tiles take 1 or 2 local buffers, not {opt.arg}")
+  out = replace(k, prefetch=opt.arg)
+  tiles = passes.stages(passes.stage(out))
+  _need(any(t.prefetch is not None for t in tiles), opt, k,
+        "no tile has a next one: the reduction has no loop outside the staged axis (one tile), or the tiles do not "
+        "change along it")
+  nbytes = sum(t.length * t.dtype.itemsize for t in tiles)
+  _need(nbytes <= caps.local_bytes, opt, k, f"the tiles' {nbytes} bytes exceed the device's {caps.local_bytes}")
+  # every item holds its share of each prefetched tile (its copy steps) besides its register tile
+  held = sum(-(-t.size // k.local_size[0]) for t in tiles if t.prefetch is not None)
+  n = _register_count(k) + held
+  _need(n <= caps.max_registers, opt, k, f"{n} values in registers (the prefetched tiles' {held} with the rest) "
+        f"exceed the device's {caps.max_registers}")
   return out
 
 
@@ -292,4 +318,4 @@ def _reduces(k: Kernel) -> list:
 
 
 _APPLY = {OptOp.UPCAST: _upcast, OptOp.UNROLL: _unroll, OptOp.LOCAL: _local, OptOp.GROUP: _group, OptOp.SWAP: _swap,
-          OptOp.PADTO: _padto, OptOp.LOOP: _loop, OptOp.STAGE: _stage, OptOp.TC: _tc}
+          OptOp.PADTO: _padto, OptOp.LOOP: _loop, OptOp.STAGE: _stage, OptOp.TC: _tc, OptOp.PREFETCH: _prefetch}

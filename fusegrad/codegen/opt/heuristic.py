@@ -294,6 +294,10 @@ MM_LOCAL, MM_TILES = 16, (8, 4)
 MM_STAGE = 16
 # a matmul item's rows and columns in groups of this many neighbours (0: all t together)
 MM_VECTOR = 4
+# the staged tiles' next step loaded into registers while each step computes (OptOp.PREFETCH), into this many local
+# buffers (2: one barrier per step, twice the local memory; where the device's local memory does not hold two, one);
+# 0: none
+MM_PREFETCH = 2
 
 
 def _pow2_divisor(n: int, most: int, least: int = 1) -> int:
@@ -351,7 +355,10 @@ def _work_groups(k: Kernel, caps: Caps) -> list:
           do(OptOp.UPCAST, ro, t // v)
         # the group's rows and columns of the operands through local memory, a tile of the reduction at a time
         red = next((a.var for a in k.of_kind(K.REDUCE) if MM_STAGE and a.size % MM_STAGE == 0), None)
-        if red is not None: do(OptOp.STAGE, red, MM_STAGE)
+        if red is not None and do(OptOp.STAGE, red, MM_STAGE) is not None and MM_PREFETCH:
+          # the next tile's global loads in flight while the step computes on its own (software pipelining)
+          staged = k.of_kind(K.STAGE)[0].var
+          if do(OptOp.PREFETCH, staged, MM_PREFETCH) is None and MM_PREFETCH > 1: do(OptOp.PREFETCH, staged, 1)
       return opts
   if reduces and all(r.loops for r in reduces):
     # every reduction shared by the work-group, and the output loops after them (softmax, layernorm: one group per

@@ -100,6 +100,8 @@ def candidate_actions(k: Kernel, caps) -> list:
     if caps.has_local and a.kind is K.REDUCE:
       for n in GROUP_AMOUNTS: add(Opt(OptOp.GROUP, i, n))
       for n in STAGE_AMOUNTS: add(Opt(OptOp.STAGE, i, n))
+    if a.kind is K.STAGE:   # the staged tiles prefetched through registers, into one local buffer or two
+      for n in (1, 2): add(Opt(OptOp.PREFETCH, i, n))
     if a.kind is K.GLOBAL and not caps.has_local: add(Opt(OptOp.LOOP, i, a.size))
     for j in range(i + 1, len(k.axes)):
       if k.axes[j].kind is a.kind: add(Opt(OptOp.SWAP, i, j))

@@ -13,8 +13,9 @@ from fusegrad.graph import symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.codegen.ir import (tree_top, Kernel, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid,
                                  Alu, Reduce, Vectorize, Gep, VecDType, Mma)
-from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt
+from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt, Fetch, Refill
 from fusegrad.codegen.renderer.base import Caps, RenderError
+from fusegrad.codegen.passes import LIDX
 
 
 def _floordiv(num: str, c: int, may_be_negative: bool) -> str:
@@ -27,7 +28,7 @@ def _floormod(num: str, c: int, may_be_negative: bool) -> str:
   return f"fg_floormod({num},{c})"
 
 
-def _local_length(v) -> int: return v.positions if isinstance(v, Stage) else v.size
+def _local_length(v) -> int: return v.length if isinstance(v, Stage) else v.size
 
 
 class _Walk:
@@ -233,16 +234,49 @@ class CStyleRenderer:
 
   def _stage(self, st: Let, w: "_Walk") -> None:
     """A tile into local memory (ir.Stage): meet (the last tile's readers are done), every item copies the
-    positions lidx, lidx + local size, ..., meet."""
+    positions lidx, lidx + local size, ..., meet. A prefetched tile's Let copies the first step's tile (into the
+    first buffer)."""
     v, it = st.val, self.index_type_of(w.k)
     j = sym.Var(f"{st.name}_j", 0, v.size - 1)
     env = v.copy_digits(sym.lin(j))
-    idx, valid = sym.substitute(v.idx, env), v.valid.substitute(env)
-    ld = self.load(v.buf, self.idx(idx), v.dtype)
-    if not valid.is_true: ld = f"({self.cond(valid)}?{ld}:{self.literal(0, v.dtype)})"
+    idx, valid = v.at_step(0) if v.prefetch is not None else (v.idx, v.valid)
     w.out(self.barrier)
     w.out(f"for ({it} {j.name} = lidx; {j.name} < {v.size}; {j.name} += {w.k.local_size[0]}) "
-          f"{st.name}_l[{self.idx(v.position(env))}] = {ld};")
+          f"{st.name}_l[{self.idx(v.position(env))}] = {self._tile_load(v, idx, valid, env)};")
+    w.out(self.barrier)
+
+  def _tile_load(self, v: Stage, idx, valid, env: dict) -> str:
+    """The global load of a tile's value at copy variables env (0 where not valid)."""
+    idx, valid = sym.substitute(idx, env), valid.substitute(env)
+    ld = self.load(v.buf, self.idx(idx), v.dtype)
+    return ld if valid.is_true else f"({self.cond(valid)}?{ld}:{self.literal(0, v.dtype)})"
+
+  def _fetch(self, st: Fetch, w: "_Walk") -> None:
+    """The item's share of the next step's tile (ir.Stage.item_steps) into registers, before the step's reads."""
+    v = st.stage
+    steps = v.item_steps(sym.Var(LIDX, 0, w.k.local_size[0] - 1), w.k.local_size[0])
+    regs = [f"{st.name}_r{i}" for i in range(len(steps))]
+    w.out(f"{self.reg_type(v.dtype)} {', '.join(regs)};")
+    idx, valid = v.at_step(sym.lin(v.prefetch) + 1)
+    w.out(f"if ({self.cond(st.valid)}) {{")
+    for r, (j, ok) in zip(regs, steps):
+      ld = self._tile_load(v, idx, valid, v.copy_digits(j))
+      w.out(f"  {r} = {ld};" if ok.is_true else f"  {r} = {self.cond(ok)} ? {ld} : {self.literal(0, v.dtype)};")
+    w.out("}")
+
+  def _refill(self, st: Refill, w: "_Walk") -> None:
+    """The fetched registers into the tiles' local memory: one buffer between barriers (the step's reads are done;
+    the stores are seen by the next step's), two into the next step's buffer and one barrier. The barriers are met
+    by every item at every step (the condition guards the stores only)."""
+    if any(v.buffers == 1 for v in st.stages): w.out(self.barrier)
+    w.out(f"if ({self.cond(st.valid)}) {{")
+    for name, v in zip(st.names, st.stages):
+      steps = v.item_steps(sym.Var(LIDX, 0, w.k.local_size[0] - 1), w.k.local_size[0])
+      at = v.buffer_at(sym.lin(v.prefetch) + 1)
+      for i, (j, ok) in enumerate(steps):
+        line = f"{name}_l[{self.idx(v.position(v.copy_digits(j)) + at)}] = {name}_r{i};"
+        w.out(f"  {line}" if ok.is_true else f"  if ({self.cond(ok)}) {line}")
+    w.out("}")
     w.out(self.barrier)
 
   def local_buffers(self, listing: list) -> list[str]:
@@ -267,7 +301,8 @@ class CStyleRenderer:
         self.store(st.buf, self.idx(st.idx), st.arg, w.k.bufs[st.buf].dtype)
     w.out(line if st.valid.is_true else f"if ({self.cond(st.valid)}) {line}")
 
-  emit = {Loop: _loop, End: _end, Let: _let, Acc: _acc, Update: _update, StoreSt: _store}
+  emit = {Loop: _loop, End: _end, Let: _let, Acc: _acc, Update: _update, StoreSt: _store, Fetch: _fetch,
+          Refill: _refill}
 
   def helpers(self, k: Kernel) -> str:
     out = [self.prelude]
