@@ -161,9 +161,11 @@ def _move_rule(arg, inputs, out, g):
     inv = [0] * len(a)
     for i, p in enumerate(a): inv[p] = i
     return (g.permute(*inv),)
-  if op == "EXPAND":
-    axes = tuple(i for i, (s, n) in enumerate(zip(x.shape, g.shape)) if s != n)
-    return (g.sum(axes, keepdim=True) if axes else g,)
+  if op == "EXPAND":   # a broadcast may add leading dims too (Tensor._broadcast_to)
+    lead = g.ndim - x.ndim
+    axes = tuple(range(lead)) + tuple(lead + i for i, (s, n) in enumerate(zip(x.shape, g.shape[lead:])) if s != n)
+    g = g.sum(axes, keepdim=True) if axes else g
+    return (g.reshape(x.shape) if lead else g,)
   if op == "PAD":
     return (g._shrink([(b, b + s) for (b, _), s in zip(a, x.shape)]),)
   if op == "SHRINK":

@@ -343,9 +343,8 @@ class Tensor:
     n = self.node
     if n.op == "CONST" and not n.realized and not self.requires_grad:   # a constant is a constant at any shape
       return Tensor(_node=gn.const(n.arg, n.dtype, tuple(shape), n.device))
-    x = self
-    if len(shape) > self.ndim: x = x._mv("RESHAPE", (1,) * (len(shape) - self.ndim) + self.shape)
-    x = x._mv("EXPAND", tuple(shape))
+    shape = tuple(shape)
+    x = self._prim("MOVE", ("EXPAND", shape), gn.broadcast(self.node, shape))   # leading dims too (_move_rule)
     # an operand broadcast for an op that autograd records: a gradient rule may save it, so it answers to
     # self's version counter (alias.py; no view: writes do not reach it)
     if self.requires_grad: x._alias = (alias.storage_of(self), None, None)

@@ -225,6 +225,17 @@ def movement(n: Node, op: str, arg) -> Node:
   return _with_view(base, nv)
 
 
+def broadcast(n: Node, shape: tuple) -> Node:
+  """n broadcast to shape (leading dims added, size-1 dims expanded): one view node, as a reshape then an expand
+  would make, without the intermediate one."""
+  if len(shape) == len(n.shape): return movement(n, "EXPAND", shape)
+  base, v = _base_view(n)
+  lead = (1,) * (len(shape) - len(n.shape)) + n.shape
+  nv = v.reshape(lead)
+  if nv is None: return movement(movement(n, "RESHAPE", lead), "EXPAND", shape)
+  return _with_view(base, nv.expand(shape))
+
+
 def gather(data: Node, pos: Node) -> Node:
   """out[i] = data (its buffer, in its storage layout: graph/dims.py) at position pos[i]; 0 where pos is out of
   range."""

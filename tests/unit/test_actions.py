@@ -257,6 +257,60 @@ def test_gpu_matmul_reads_its_local_tiles_four_at_a_time(rng):
   _close(run(item, tuple(opts)), a @ b)
 
 
+def _gpu_opencl(monkeypatch):
+  """The OPENCL device with the GPU caps' local memory where it has as much (PoCL's CPU device reports the renderer's
+  16 KiB; it has 1 MiB): a GPU matmul's tiles fit as on a GPU."""
+  from dataclasses import replace
+  dev = rd.get("OPENCL")
+  monkeypatch.setattr(dev, "_caps", replace(dev.caps, local_bytes=min(GPU.local_bytes, dev.cl_device.local_mem_size)))
+  return dev
+
+
+@pytest.mark.parametrize("kk", [16, 32, 272])        # the reduction in 1, 2 and 17 tiles
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_gpu_matmul_prefetches_its_next_tiles(kk, buffers, rng, monkeypatch):
+  """The GPU heuristic's matmul prefetches its staged tiles (OptOp.PREFETCH; heuristic.MM_PREFETCH buffers where the
+  local memory holds them): the first tile is copied before the loop over the tiles; in each step every item loads
+  its share of the next tile from global memory into registers before the step's local reads, and stores it after
+  them (one buffer: between two barriers; two: into the other buffer, then one barrier). One tile has no next one:
+  no PREFETCH. The interpreter gives the plain staged kernel's bits; OpenCL (PoCL) matches numpy."""
+  import re
+  from fusegrad.codegen import pipeline
+  from fusegrad.codegen.renderer.cstyle import OpenCLRenderer
+  a, b = rng.standard_normal((128, kk)).astype(np.float32), rng.standard_normal((kk, 128)).astype(np.float32)
+  item = one_kernel(fg.Tensor(a) @ fg.Tensor(b))
+  opts = heuristic.hand_coded(item.kernel, GPU)
+  plain = [o for o in opts if o.op is not OptOp.PREFETCH]
+  assert plain[-1].op is OptOp.STAGE, opts
+  if kk == 16:
+    assert len(plain) == len(opts), opts
+    with pytest.raises(OptError, match="no tile has a next one"):
+      apply_opt(apply_opts(item.kernel, plain, GPU), Opt(OptOp.PREFETCH, plain[-1].axis + 1, buffers), GPU)
+  else:
+    assert opts[-1] == Opt(OptOp.PREFETCH, plain[-1].axis + 1, heuristic.MM_PREFETCH), opts
+    opts = plain + [Opt(OptOp.PREFETCH, plain[-1].axis + 1, buffers)]
+    p = pipeline.prepare(item.kernel, GPU, tuple(opts))
+    step, s = (a_.var.name for a_ in p.kernel.axes[-2:])
+    src = OpenCLRenderer().render(p.kernel, p.listing)
+    head, loop = src.split(f"for (int {step} = 0;")
+    assert head.count("_j = lidx;") == 2, src                  # the first tiles, copied before the loop
+    fetch = [m.start() for m in re.finditer(r"v\d+_r\d+ = b[12]\[", loop)]
+    inner = loop.index(f"for (int {s} = 0;")
+    reads = [m.start() for m in re.finditer(r"v\d+_l\[|\(__local float4\*\)", loop)]
+    stores = [m.start() for m in re.finditer(r"v\d+_l\[[^]]*\] = v\d+_r\d+;", loop)]
+    # 128 x 16 values of each operand, 256 items: 8 loads each, all before the step's first local read
+    assert len(fetch) == 16 and len(stores) == 16, src
+    assert max(fetch) < inner < min(reads) and max(r for r in reads if r < min(stores)) < min(stores), src
+    assert loop.count("barrier(") == (1 if buffers == 2 else 2), src
+    assert (f"({step}%2)*" in loop) == (buffers == 2), src
+    np.testing.assert_array_equal(run(item, tuple(opts)), run(item, tuple(plain)))
+  _close(run(item, tuple(opts)), a @ b)
+  if _has_opencl():
+    _gpu_opencl(monkeypatch)
+    item = one_kernel(fg.Tensor(a, device="OPENCL") @ fg.Tensor(b, device="OPENCL"))
+    _close(run(item, tuple(opts), "OPENCL"), a @ b)
+
+
 def test_masked_matmul_keeps_vector_accumulators(rng):
   """Attention's scores: q @ k.T (k's transpose stored) with a causal mask and a scale after the sum. The sum runs
   on vector accumulators; the epilogue (a bool load, a select) runs lane by lane (a scalar 8 x 32 tile spilled:
