@@ -6,11 +6,13 @@ gradient rules are one table keyed by the same names (`RULES` and `ALU_RULES` be
 Tensor ops, so the backward pass is itself a lazy graph that fuses like the forward one.
 """
 from __future__ import annotations
+import collections
 import contextlib
 import itertools
 import math
 import threading
-from fusegrad import dtype as dt
+from fusegrad import config, dtype as dt
+from fusegrad.engine import jit as _jit
 
 _state = threading.local()
 _seq = itertools.count()   # recipes are numbered in creation order (see rebind)
@@ -450,7 +452,8 @@ def _inputs(t) -> tuple:
   return tuple(_resolve(i, ctx[4]) if i._alias is not None else i for i in ctx[2])
 
 
-def _toposort(roots) -> list:
+def _toposort(roots, inputs_of: dict | None = None) -> list:
+  """The tensors roots depend on through recipes, inputs first; inputs_of (if given) gets each one's _inputs."""
   order, seen = [], set()
   for r in roots:
     stack = [(r, False)]
@@ -461,7 +464,9 @@ def _toposort(roots) -> list:
       seen.add(id(t))
       stack.append((t, True))
       if t._ctx is not None:
-        for i in _inputs(t):
+        ins = _inputs(t)
+        if inputs_of is not None: inputs_of[id(t)] = ins
+        for i in ins:
           if i.requires_grad: stack.append((i, False))
   return order
 
@@ -471,7 +476,18 @@ def _run(outputs, grad_outputs, inputs=None, retain_graph: bool = False, create_
   grads: dict = {}
   for o, g in zip(outputs, grad_outputs): grads[id(o)] = g if id(o) not in grads else grads[id(o)] + g
   wanted = {id(t) for t in inputs} if inputs is not None else None
-  order = _toposort(outputs)
+  ins_of: dict = {}
+  order = _toposort(outputs, ins_of)
+  key = None
+  if inputs is None and not create_graph and TEMPLATES:
+    key = _template_key(order, ins_of, outputs, grad_outputs)
+  if key is not None:
+    tpl = _templates.get(key[0])
+    if tpl is _UNTEMPLATABLE: key = None
+    elif tpl is not None:
+      _templates_hits[0] += 1
+      return tpl.run(order, ins_of, key[1], retain_graph), order
+  reads = _jit.host_reads[0]
   done = []
   with (enable_grad() if create_graph else no_grad()):
     for t in reversed(order):
@@ -481,7 +497,7 @@ def _run(outputs, grad_outputs, inputs=None, retain_graph: bool = False, create_
       ctx = t._ctx
       kind, arg, _, out_node = ctx[:4]
       if out_node is _FREED: raise RuntimeError(_SECOND)
-      ins = _inputs(t)
+      ins = ins_of[id(t)]
       _check_saved(t, ctx, ins)
       out = t if t.node is out_node else _T(out_node)
       gs = RULES[kind](arg, ins, out, g)
@@ -491,11 +507,168 @@ def _run(outputs, grad_outputs, inputs=None, retain_graph: bool = False, create_
         if gi.dtype != i.dtype and i.dtype.is_float: gi = gi.to(i.dtype)
         if gi.shape != i.shape: gi = gi.expand(*i.shape) if gi.numel() == 1 else gi.reshape(i.shape)
         grads[id(i)] = gi if id(i) not in grads else grads[id(i)] + gi
+  if key is not None: _record(key, order, grads, done, reads)
   if not retain_graph:    # release what the rules saved, as PyTorch frees a graph's saved tensors
-    for t, ins in done:
-      ctx = t._ctx
-      if _saves_something(ctx[0], ctx[1], ins): t._ctx = ctx[:3] + (_FREED,) + ctx[4:]
+    for t, ins in done: _free(t, ins)
   return grads, order
+
+
+def _free(t, ins) -> None:
+  ctx = t._ctx
+  if _saves_something(ctx[0], ctx[1], ins): t._ctx = ctx[:3] + (_FREED,) + ctx[4:]
+
+
+# ---- backward templates ----------------------------------------------------------------------------------
+# A training loop's backward passes build the same graph every step: the same recipes over a forward graph of the
+# same structure. Running the rules costs several microseconds of Python per node (Tensors, frontend checks,
+# hash-consing), so the first backward of a structure records the graph its rules built as a template (each
+# new node's op, dtype, argument, shape, device and sources: a node of the forward graph, by its place in the
+# forward walk, or an earlier template node) and a later backward whose key is equal makes those nodes directly
+# (about a microsecond each). The key is everything a rule reads: the forward graph below every recipe's inputs,
+# outputs and saved nodes (its structure, as the scheduler keys graphs, plus every constant's exact value: a rule
+# may fold one into a new constant), each recipe (kind, argument, input and output places, which tensors need a
+# gradient) and the default float dtype. A backward that makes a graph the template cannot express (a rule that
+# reads a value on the host, makes a buffer, or uses a realized node from outside the forward graph) is marked
+# and always runs its rules; so do create_graph, autograd.grad(inputs=...) and runtime sizes.
+TEMPLATES = config.BACKWARD_TEMPLATES
+_TEMPLATES_MAX = 64
+_templates: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
+_templates_lock = threading.Lock()
+_templates_hits = [0]    # backward passes made from a template (tests read it)
+_UNTEMPLATABLE = object()
+
+
+class _Untemplatable(Exception):
+  pass
+
+
+def _arg_nodes(a, out: list) -> None:
+  """The nodes of the tensors inside a recipe's argument (TAKE_ROWS holds its indices)."""
+  t = type(a)
+  if t is str or a is None: return
+  if t is tuple or t is list:
+    for x in a: _arg_nodes(x, out)
+  elif hasattr(a, "_ctx") and hasattr(a, "node"): out.append(a.node)
+
+
+def _arg_key(a, pos: dict):
+  """A recipe's argument as a key: plain values (a tuple of ints as itself), tensors by their node's place."""
+  t = type(a)
+  if t is str or a is None: return a
+  if t is tuple:
+    for x in a:
+      if type(x) is not int: return ("tuple",) + tuple(_arg_key(x, pos) for x in a)
+    return a
+  if t is bool or t is int: return (t, a)
+  if t is float: return (float, a.hex())   # -0.0 and 0.0 differ, NaN equals itself
+  if t is dt.DType: return a
+  if isinstance(a, (tuple, list)): return (t.__name__,) + tuple(_arg_key(x, pos) for x in a)
+  if hasattr(a, "_ctx") and hasattr(a, "node"): return ("tensor", pos[id(a.node)])
+  raise _Untemplatable(t.__name__)
+
+
+def _exact(v):
+  return (float, v.hex()) if type(v) is float else (type(v), v)
+
+
+def _template_key(order, ins_of: dict, outputs, grad_outputs):
+  """(key, the forward walk's nodes) for a backward over order, or None where templates do not apply."""
+  from fusegrad.graph import dims
+  from fusegrad.schedule import schedule as sched
+  if dims.bound_any[0]: return None
+  roots, recipes = [], []
+  for t in order:
+    roots.append(t.node)
+    ctx = t._ctx
+    if ctx is None: continue
+    if ctx[3] is _FREED: return None     # the rules' run raises PyTorch's error
+    ins = ins_of[id(t)]
+    recipes.append(ins)
+    roots.append(ctx[3])
+    for i in ins: roots.append(i.node)
+    _arg_nodes(ctx[1], roots)
+  for o, g in zip(outputs, grad_outputs): roots += (o.node, g.node)
+  skey, nodes = sched._structure(roots)
+  pos = {id(n): i for i, n in enumerate(nodes)}
+  opos = {id(t): k for k, t in enumerate(order)}
+  parts, r = [], 0
+  try:
+    for t in order:
+      ctx = t._ctx
+      if ctx is None:
+        parts.append((pos[id(t.node)], t.requires_grad))
+        continue
+      ins = recipes[r]
+      r += 1
+      parts.append((ctx[0], _arg_key(ctx[1], pos), pos[id(t.node)], pos[id(ctx[3])], t.requires_grad,
+                    tuple((pos[id(i.node)], i.requires_grad, opos.get(id(i), -1)) for i in ins)))
+  except _Untemplatable:
+    return None
+  consts = tuple((i, _exact(n.arg)) for i, n in enumerate(nodes) if n.op == "CONST" and n.buffer is None)
+  outs = tuple((opos.get(id(o), -1), pos[id(g.node)]) for o, g in zip(outputs, grad_outputs))
+  return (skey, consts, tuple(parts), outs, dt.default_float), nodes
+
+
+class _Template:
+  """entries: (op, dtype, sources, arg, shape, device) per node to make, sources as places in the forward walk
+  (>= 0) or ~j for the j-th entry; leaves: (position in order, the node of its gradient as such a place); done:
+  the positions in order whose rules ran, in their order (the saved-value checks and the freeing follow it)."""
+  __slots__ = ("entries", "leaves", "done")
+
+  def __init__(self, entries, leaves, done):
+    self.entries, self.leaves, self.done = entries, leaves, done
+
+  def run(self, order, ins_of: dict, nodes, retain_graph: bool) -> dict:
+    from fusegrad.tensor import Tensor
+    from fusegrad.graph.node import Node
+    for k in self.done:   # what the rules' run checks before each rule
+      t = order[k]
+      _check_saved(t, t._ctx, ins_of[id(t)])
+    made: list = []
+    add = made.append
+    for op, dtype, srcs, arg, shape, device in self.entries:
+      add(Node(op, dtype, tuple(made[~r] if r < 0 else nodes[r] for r in srcs), arg, shape, device))
+    grads = {id(order[k]): Tensor(_node=made[~r] if r < 0 else nodes[r]) for k, r in self.leaves}
+    if not retain_graph:
+      for k in self.done:
+        t = order[k]
+        _free(t, ins_of[id(t)])
+    return grads
+
+
+def _record(key, order, grads, done, reads: int) -> None:
+  """Store the graph the rules just built under key (or mark the key as one whose rules must always run)."""
+  tkey, nodes = key
+  try:
+    if _jit.host_reads[0] != reads: raise _Untemplatable("a rule read a value on the host")
+    refs = {id(n): i for i, n in enumerate(nodes)}
+    entries: list = []
+    leaves = []
+    for k, t in enumerate(order):
+      if t._ctx is not None or not t.requires_grad or id(t) not in grads: continue
+      root = grads[id(t)].node
+      stack = [root]
+      while stack:
+        n = stack[-1]
+        if id(n) in refs: stack.pop(); continue
+        # a node outside the forward walk is copied (a pure function of its sources), unless it holds a value
+        if n.buffer is not None or n.op == "BUFFER": raise _Untemplatable("a realized node outside the forward graph")
+        pending = [x for x in n.src if id(x) not in refs]
+        if pending:
+          stack += pending
+          continue
+        refs[id(n)] = ~len(entries)
+        entries.append((n.op, n.dtype, tuple(refs[id(x)] for x in n.src), n.arg, n.shape, n.device))
+        stack.pop()
+        if len(entries) > 1 << 17: raise _Untemplatable("too large")
+      leaves.append((k, refs[id(root)]))
+    opos = {id(t): k for k, t in enumerate(order)}
+    tpl = _Template(tuple(entries), tuple(leaves), tuple(opos[id(t)] for t, _ in done))
+  except _Untemplatable:
+    tpl = _UNTEMPLATABLE
+  with _templates_lock:
+    _templates[tkey] = tpl
+    if len(_templates) > _TEMPLATES_MAX: _templates.popitem(last=False)
 
 
 def _seed(t, gradient):

@@ -112,9 +112,14 @@ def host_read(t, fn) -> None:
   rec.snap = _snapshot()
 
 
+# host reads so far in this process (autograd's backward templates refuse a backward whose rules read values)
+host_reads = [0]
+
+
 def check_read(t) -> None:
   """Tensor.numpy() inside a step being captured: a value the step computed (or state it reads) is frozen on
   the host at the capture, and whatever the step's Python did with it is not repeated by replays."""
+  host_reads[0] += 1
   rec = getattr(_local, "rec", None)
   if rec is None or not rec.recording or rec.depth: return
   b = t.node.buffer
