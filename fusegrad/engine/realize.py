@@ -21,7 +21,7 @@ from fusegrad.graph.node import Node
 from fusegrad.graph.dims import storage_numel
 from fusegrad.runtime import device as rd
 from fusegrad.schedule import schedule as sched
-from fusegrad.codegen.lower import param_values
+from fusegrad.codegen.lower import Fixed
 from fusegrad.engine import track, jit
 
 # replay cached schedules' plans (FUSEGRAD_EAGER_REPLAY=0 turns it off; `no_replay()` for a block)
@@ -99,8 +99,10 @@ def _set_result(n: Node, buf) -> None:
 class Plan:
   """A cached schedule made ready to replay: per item its device, kernel (None: nothing to launch),
   the outputs to allocate (walk position, elements, dtype), its inputs, each a walk position (a node realized
-  before this realize) or ~i (the i-th buffer this plan allocates, made by an earlier item), and the walk
-  positions of the constants bound to its Params (their values are this graph's, read at each run)."""
+  before this realize) or ~i (the i-th buffer this plan allocates, made by an earlier item), and how to find the
+  values of its Params: a walk position (a constant's value, a view's offset), (position, axis) (a runtime size),
+  or a Fixed value (the kernel's own, or one a rewrite made). Each step also keeps the compiled kernel it launched
+  last, used while the device still keeps that program (Device.current)."""
   __slots__ = ("steps",)
 
   def __init__(self, entries: list, compiled: list, nodes: list[Node]):
@@ -112,33 +114,57 @@ class Plan:
       for i in outs:
         made[i] = len(made)
         specs.append((i, storage_numel(nodes[i].shape), nodes[i].dtype))
-      # the schedule's kernel, not its compiled program: each run asks the device (a dictionary hit), so the
-      # device's LRU of programs stays the one bound on compiled code, and an evicted program is compiled again
-      self.steps.append((dev, None if c is None else k, tuple(specs), refs, params))
+      vals = tuple(Fixed(k.example[j]) if p is None else p if type(p) is Fixed else (p[1], p[2]) if type(p) is tuple
+                   else p for j, p in enumerate(params))
+      # the schedule's kernel, not its compiled program: the device's LRU of programs stays the one bound on
+      # compiled code, and an evicted program is compiled again
+      self.steps.append((dev, None if c is None else k, tuple(specs), refs, vals, [None, None]))
 
   def run(self, nodes: list[Node]) -> None:
     made: list = []
     batch: list = []
+    blocks: list = []     # (handles, Param dtypes, values) whose argument block is still to make
     bdev = None
     new = rd.Buffer
-    for dev, k, outs, refs, params in self.steps:
+    width = config.BEAM
+
+    def flush():
+      if blocks:
+        for (handles, _d, _v), blk in zip(blocks, rd.param_blocks([(d, v) for _h, d, v in blocks])):
+          handles.append(blk)
+        blocks.clear()
+      bdev.launch_batch(batch)
+
+    for dev, k, outs, refs, vals, last in self.steps:
       bufs = [new(dev, size, dtype) for _i, size, dtype in outs]
       made.extend(bufs)
       if k is None: continue
-      c = dev.compiled(k)
+      c = last[0]
+      if c is None or last[1] != width or not dev.current(c):
+        c = last[0] = dev.compiled(k)
+        last[1] = width
       handles = [b.handle for b in bufs]
       handles += [(made[~i] if i < 0 else nodes[i].buffer).handle for i in refs]
-      if params:
-        handles += dev.param_handles(k, param_values(k, sched.bind_params(params, nodes)))
       if dev is not bdev:
-        if batch: bdev.launch_batch(batch)
+        if batch: flush()
         batch, bdev = [], dev
+      if vals:
+        values = []
+        for p in vals:
+          t = type(p)
+          if t is int:
+            n = nodes[p]
+            values.append(n.arg.offset if n.op == "VIEW" else n.arg)
+          elif t is tuple: values.append(int(nodes[p[0]].shape[p[1]]))
+          else: values.append(p.value)
+        if dev.block_params: blocks.append((handles, k.params, values))
+        else: handles += dev.param_handles(k, values)
       batch.append((c.program, c.kernel, handles))
-    if batch: bdev.launch_batch(batch)
+    if batch: flush()
     sched.stats["replays"] += 1
     with sched.lock:
       j = 0
-      for _dev, _prog, outs, _refs, _params in self.steps:
+      for _dev, _prog, outs, _refs, _vals, _last in self.steps:
         for i, _size, _dtype in outs:
           n = nodes[i]
           if n.buffer is None: n.buffer = made[j]

@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 from fusegrad import config
 from fusegrad.runtime import cache
-from fusegrad.runtime.device import Device, CompileError, clip_log
+from fusegrad.runtime.device import Device, CompileError, Mem, clip_log
 from fusegrad.codegen.renderer.cstyle import CRenderer
 
 FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv", "-std=gnu11"]
@@ -56,12 +56,6 @@ class _Job(ctypes.Structure):
   _fields_ = [("count", ctypes.c_longlong), ("entries", ctypes.c_void_p), ("bufs", ctypes.c_void_p),
               ("n", ctypes.c_void_p), ("parts", ctypes.c_void_p), ("slice_ns", ctypes.c_longlong),
               ("k", ctypes.c_longlong), ("chunk", ctypes.c_longlong), ("pooled", ctypes.c_longlong)]
-
-
-class Mem(np.ndarray):
-  """A CPU device allocation: bytes that also know their address (`addr`), which every launch passes to the
-  native launcher (numpy's `.ctypes.data` costs about 2 us, a few per kernel)."""
-  __slots__ = ("addr",)
 
 
 class _Library:

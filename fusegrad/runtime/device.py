@@ -122,13 +122,36 @@ class ExternalBuffer(Buffer):
   def __del__(self): pass
 
 
-def param_block(dtypes: tuple, values: list) -> np.ndarray:
-  blk = np.empty(max(len(dtypes), 1), dtype=np.int64)
+class Mem(np.ndarray):
+  """Host memory that also knows its address (`addr`): the CPU device's allocations and argument blocks, whose
+  addresses every launch hands the native launcher (numpy's `.ctypes.data` costs about 2 us, a few per kernel)."""
+  __slots__ = ("addr",)
+
+
+def param_blocks(kernels: list) -> list:
+  """One block of 8-byte slots per (Param dtypes, values) of kernels (a float's as float64, an integer's as int64
+  bits), carved from one allocation: what the C entry points and the interpreter read."""
+  sizes = [max(len(d), 1) for d, _ in kernels]
+  blk = np.empty(sum(sizes), dtype=np.int64)
   f = blk.view(np.float64)
-  for i, (d, v) in enumerate(zip(dtypes, values)):
-    if d.is_float: f[i] = v
-    else: blk[i] = v if v < (1 << 63) else v - (1 << 64)   # a uint64's bits
-  return blk
+  i = 0
+  for dtypes, values in kernels:
+    for d, v in zip(dtypes, values):
+      if d.is_float: f[i] = v
+      else: blk[i] = v if v < (1 << 63) else v - (1 << 64)   # a uint64's bits
+      i += 1
+    if not dtypes: i += 1
+  base, mem = blk.ctypes.data, blk.view(Mem)
+  out, at = [], 0
+  for n in sizes:
+    m = mem[at:at + n]
+    m.addr = base + 8 * at
+    out.append(m)
+    at += n
+  return out
+
+
+def param_block(dtypes: tuple, values: list) -> np.ndarray: return param_blocks([(dtypes, values)])[0]
 
 
 @dataclass(frozen=True)
@@ -194,6 +217,21 @@ class Device:
     one block of 8-byte slots (a float's as float64, an integer's as int64 bits), which the C entry point and
     the interpreter read; a device with scalar kernel arguments passes them one by one instead."""
     return [param_block(kernel.params, values)]
+
+  @property
+  def block_params(self) -> bool:
+    """Does this device take its Params as param_handles' one block? (a replay then makes the blocks of all its
+    kernels from one allocation: param_blocks)"""
+    return type(self).param_handles is Device.param_handles
+
+  def current(self, c: "Compiled") -> bool:
+    """Is c (from `compiled`) still the program this device keeps for its source? A replay keeps the Compiled it
+    launched and uses it while it is (touching it keeps the LRU's order), not asking `compiled` every launch."""
+    if self.renderer is None: return False
+    with self.cache_lock:
+      if self.programs.get(c.source) is not c.program: return False
+      self.programs.move_to_end(c.source)
+      return True
 
   @property
   def caps(self):
