@@ -1200,15 +1200,20 @@ class Tensor:
     a0, b0 = a, b
     # one graph for every device: a sum over k of a [..., n, k, 1] * [..., 1, k, m] product; how the operands are laid
     # out for it (a transposed copy, panels) is the scheduler's choice (schedule/rules.relayout)
-    with autograd.no_grad():   # one MATMUL recipe for autograd: its gradients are matmuls again
+    # built on nodes (one MATMUL recipe for autograd: its gradients are matmuls again)
+    an, bn = a.node, b.node
+    if k:
       # float16/bfloat16: products and sum in float32, the result rounded once (PyTorch's CPU matmul)
-      if d in HALF_FLOATS: a, b = a._cast(dt.float32), b._cast(dt.float32)
-      a = a._broadcast_to(batch + (n, k)).reshape(*batch, n, k, 1)
-      b = b._broadcast_to(batch + (k, m)).reshape(*batch, 1, k, m)
-      prod_ = (a * b) if not d.is_bool else (a & b)
-      out = prod_._reduce("SUM" if not d.is_bool else "MAX", -2, False)._cast(d) if k else \
-          self._new(gn.const(0, d, batch + (n, m), self.device))
-    out = a0._prim("MATMUL", None, out.node, a0, b0)
+      if d in HALF_FLOATS: an, bn = gn.cast(an, dt.float32), gn.cast(bn, dt.float32)
+      full = batch + (n, k, m)
+      an = gn.broadcast(gn.movement(gn.broadcast(an, batch + (n, k)), "RESHAPE", batch + (n, k, 1)), full)
+      bn = gn.broadcast(gn.movement(gn.broadcast(bn, batch + (k, m)), "RESHAPE", batch + (1, k, m)), full)
+      ax = len(batch) + 1
+      r = gn.reduce(gn.alu("MUL" if not d.is_bool else "AND", an, bn), "SUM" if not d.is_bool else "MAX",
+                    (ax,))
+      node = gn.cast(gn.movement(r, "RESHAPE", batch + (n, m)), d)
+    else: node = gn.const(0, d, batch + (n, m), self.device)
+    out = a0._prim("MATMUL", None, node, a0, b0)
     if va: out = out.squeeze(-2)
     if vb: out = out.squeeze(-1)
     return out

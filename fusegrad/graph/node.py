@@ -228,6 +228,7 @@ def movement(n: Node, op: str, arg) -> Node:
 def broadcast(n: Node, shape: tuple) -> Node:
   """n broadcast to shape (leading dims added, size-1 dims expanded): one view node, as a reshape then an expand
   would make, without the intermediate one."""
+  if shape == n.shape: return n
   if len(shape) == len(n.shape): return movement(n, "EXPAND", shape)
   base, v = _base_view(n)
   lead = (1,) * (len(shape) - len(n.shape)) + n.shape
