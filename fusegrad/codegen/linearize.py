@@ -187,7 +187,8 @@ def linearize(k: Kernel) -> list:
   for v in vals:
     if not (isinstance(v, Stage) and v.prefetch is not None): continue
     p = v.prefetch
-    if var_path(p)[:-1] != path[id(v)]: raise LinearizeError(f"the prefetched tile {names[id(v)]} is not at its loop")
+    if longest(var_path(x) for x in deps[id(v)]) != var_path(p):   # (the tile changes along p and the loops outside)
+      raise LinearizeError(f"the prefetched tile {names[id(v)]} of kernel {k.name} depends on a loop inside {p}")
     nxt = sym.Cond.range(p, 0, p.hi)   # p + 1 <= p.hi
     if p in ends: nxt = nxt & sym.Cond.range(ends[p] - p, 2, (1 << 62))   # p + 1 < its runtime end
     f = add(Fetch(names[id(v)], v, nxt), var_path(p))

@@ -301,15 +301,17 @@ def stage(k: Kernel) -> Kernel:
   steps = set()
   for r in toposort([x.value for x in k.stores]):
     if isinstance(r, Reduce) and s in r.loops:
-      fixed |= set(r.loops[:r.loops.index(s)])
-      outside = [x for x in r.loops[:r.loops.index(s)] if kinds[x] not in REGISTER_KINDS]
+      # (a loop the work-group shares, GROUP_REDUCE, is the items' own index: a tile along it is no one tile)
+      fixed |= {x for x in r.loops[:r.loops.index(s)] if kinds[x] not in SHARED_KINDS}
+      outside = [x for x in r.loops[:r.loops.index(s)] if kinds[x] is K.REDUCE]
       steps.add(outside[-1] if outside else None)
   # the loop over the tiles (one for every reduction over s) whose steps prefetch the next one
   step = next(iter(steps)) if k.prefetch and len(steps) == 1 else None
   stages: dict = {}
   memo: dict = {}
   def staged(v: Load):
-    vs = axis_variables(v.idx) | v.valid.variables()
+    # (a runtime size's argument, sym.ArgVar, in a guard is no loop)
+    vs = axis_variables(v.idx) | {x for x in v.valid.variables() if not isinstance(x, sym.ArgVar)}
     if s not in vs or not vs & local or not vs <= copyable | fixed: return v
     terms = dict(sym.lin(v.idx).terms)
     over = sorted(vs & copyable, key=lambda x: -(terms.get(x) or 0))

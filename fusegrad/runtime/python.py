@@ -172,46 +172,52 @@ class Interpreter:
     """A condition over the loops of the work-group (the same for every item: a prefetch's next step)."""
     return bool(np.all(sym.evaluate_cond(c, env)))
 
-  def _item_steps(self, v: Stage, env, n):
-    """[(copy step, where it exists)] arrays over the items: the steps each item copies (ir.Stage.item_steps)."""
+  def _share(self, v: Stage, idx, valid, at, env, bufs, n) -> list:
+    """The values of a tile (at index idx where valid) that each item copies, as the renderers copy them: its copy
+    steps (ir.Stage.item_steps), [(values, local positions (plus the buffer's start `at`), where the step exists)],
+    arrays over the items."""
     local = self.k.local_size[0]
-    lidx = sym.Var(passes.LIDX, 0, local - 1)
-    return [(np.broadcast_to(np.asarray(sym.evaluate(j, env)), (n,)),
-             np.broadcast_to(np.asarray(sym.evaluate_cond(ok, env)), (n,))) for j, ok in v.item_steps(lidx, local)]
-
-  def _fetch(self, st: Fetch, env, bufs, n) -> None:
-    """Each item's copy steps of the next step's tile, into its registers (`name`_r<i>: [items] arrays) with the
-    local positions they go to (`name`_p<i>)."""
-    v = st.stage
-    if not self._uniform(st.valid, env): return
-    idx, valid = v.at_step(sym.lin(v.prefetch) + 1)
-    b = bufs[v.buf]
     jv = sym.Var("j", 0, v.size - 1)
     digits = v.copy_digits(sym.lin(jv))
-    for i, (j, ok) in enumerate(self._item_steps(v, env, n)):
+    b = bufs[v.buf]
+    out = []
+    for j, ok in v.item_steps(sym.Var(passes.LIDX, 0, local - 1), local):
+      j = np.broadcast_to(np.asarray(sym.evaluate(j, env)), (n,))
+      ok = np.broadcast_to(np.asarray(sym.evaluate_cond(ok, env)), (n,))
       jenv = dict(env)
       for x, e in digits.items(): jenv[x] = sym.evaluate(e, {jv: np.where(ok, j, 0)})
       pos = np.broadcast_to(np.asarray(sym.evaluate(idx, jenv)), (n,))
       good = ok & np.broadcast_to(np.asarray(sym.evaluate_cond(valid, jenv)), (n,))
       x = b[np.where(good, pos, 0)] if b.size else np.zeros(n, b.dtype)
       if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
-      env[f"{st.name}_r{i}"] = np.where(good, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
-      where = sym.lin(v.position()) + v.buffer_at(sym.lin(v.prefetch) + 1)
-      env[f"{st.name}_p{i}"] = np.broadcast_to(np.asarray(sym.evaluate(where, jenv)), (n,)), ok
+      where = np.broadcast_to(np.asarray(sym.evaluate(sym.lin(v.position()) + at, jenv)), (n,))
+      out.append((np.where(good, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype))), where, ok))
+    return out
+
+  def _scatter(self, tile: np.ndarray, share: list, n: int) -> None:
+    """The copy steps every item of each group made (`_share`) stored into its group's tile, which every item holds
+    a copy of ([items, positions]; a group's items are neighbours in the launch): a tile whose items copied
+    different values, or missed a position, reads as it would on a device."""
+    local = self.k.local_size[0]
+    if n % local: raise AssertionError(f"a local tile over {n} work items: not whole groups of {local}")
+    tile = tile.view()
+    tile.shape = (n // local, local, tile.shape[-1])   # (in place: a view, never a copy)
+    for val, pos, ok in share:
+      g, t = np.nonzero(ok.reshape(n // local, local))
+      tile[g[:, None], np.arange(local)[None, :], pos.reshape(n // local, local)[g, t][:, None]] = \
+          val.reshape(n // local, local)[g, t][:, None]
+
+  def _fetch(self, st: Fetch, env, bufs, n) -> None:
+    """Each item's copy steps of the next step's tile, into its registers (kept as `name`_share)."""
+    v = st.stage
+    if not self._uniform(st.valid, env): return
+    nxt = sym.lin(v.prefetch) + 1
+    env[f"{st.name}_share"] = self._share(v, *v.at_step(nxt), v.buffer_at(nxt), env, bufs, n)
 
   def _refill(self, st: Refill, env, n) -> None:
-    """The registers the group's items fetched, stored into the group's tile (every item holds a copy of it:
-    [items, positions]): a group's items are neighbours in the launch."""
+    """The registers the group's items fetched, stored into the group's tile."""
     if not self._uniform(st.valid, env): return
-    local = self.k.local_size[0]
-    if n % local: raise AssertionError(f"a prefetched tile over {n} work items: not whole groups of {local}")
-    for name, v in zip(st.names, st.stages):
-      tile = env[name].reshape(n // local, local, -1)
-      for i in range(len(v.item_steps(sym.Var(passes.LIDX, 0, local - 1), local))):
-        (pos, ok), val = env[f"{name}_p{i}"], env[f"{name}_r{i}"]
-        g, t = np.nonzero(ok.reshape(n // local, local))
-        tile[g[:, None], np.arange(local)[None, :], pos.reshape(n // local, local)[g, t][:, None]] = \
-            val.reshape(n // local, local)[g, t][:, None]
+    for name in st.names: self._scatter(env[name], env[f"{name}_share"], n)
 
   def _value(self, v, a, env, bufs, n):
     if isinstance(v, Const): return np.asarray(v.value, dtype=_reg(v.dtype))
@@ -239,20 +245,10 @@ class Interpreter:
       if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
       return np.where(ok, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
     if isinstance(v, Stage):   # every item holds its group's tile: [items, positions] (a prefetched one: its first)
-      tenv = {x: (np.asarray(y)[:, None] if np.ndim(y) == 1 else y) for x, y in env.items() if isinstance(x, sym.Var)}
-      j = sym.Var("j", 0, v.size - 1)
-      steps = {j: np.arange(v.size)[None, :]}
-      for x, e in v.copy_digits(sym.lin(j)).items(): tenv[x] = np.broadcast_to(sym.evaluate(e, steps), (1, v.size))
-      vidx, vvalid = v.at_step(0) if v.prefetch is not None else (v.idx, v.valid)
-      idx = np.broadcast_to(np.asarray(sym.evaluate(vidx, tenv)), (n, v.size))
-      ok = np.broadcast_to(np.asarray(sym.evaluate_cond(vvalid, tenv)), (n, v.size))
-      b = bufs[v.buf]
-      x = b[np.where(ok, idx, 0)] if b.size else np.zeros((n, v.size), b.dtype)
-      if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)
-      out = np.zeros((n, v.length), _reg(v.dtype))
-      out[:, np.broadcast_to(np.asarray(sym.evaluate(v.position(), tenv)), (1, v.size))[0]] = \
-          np.where(ok, x.astype(_reg(v.dtype)), np.zeros((), _reg(v.dtype)))
-      return out
+      tile = np.zeros((n, v.length), _reg(v.dtype))
+      idx, valid = v.at_step(0) if v.prefetch is not None else (v.idx, v.valid)
+      self._scatter(tile, self._share(v, idx, valid, sym.const(0), env, bufs, n), n)
+      return tile
     if isinstance(v, LocalLoad):
       pos = np.broadcast_to(np.asarray(sym.evaluate(v.idx, env)), (n,))
       if isinstance(v.dtype, VecDType): return a[0][np.arange(n)[:, None], pos[:, None] + np.arange(v.dtype.count)]

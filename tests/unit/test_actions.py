@@ -266,31 +266,40 @@ def _gpu_opencl(monkeypatch):
   return dev
 
 
+@pytest.mark.parametrize("device", ["PYTHON"] + (["OPENCL"] if _has_opencl() else []))
 @pytest.mark.parametrize("kk", [16, 32, 272])        # the reduction in 1, 2 and 17 tiles
 @pytest.mark.parametrize("buffers", [1, 2])
-def test_gpu_matmul_prefetches_its_next_tiles(kk, buffers, rng, monkeypatch):
+def test_gpu_matmul_prefetches_its_next_tiles(kk, buffers, device, rng, monkeypatch):
   """The GPU heuristic's matmul prefetches its staged tiles (OptOp.PREFETCH; heuristic.MM_PREFETCH buffers where the
   local memory holds them): the first tile is copied before the loop over the tiles; in each step every item loads
   its share of the next tile from global memory into registers before the step's local reads, and stores it after
   them (one buffer: between two barriers; two: into the other buffer, then one barrier). One tile has no next one:
-  no PREFETCH. The interpreter gives the plain staged kernel's bits; OpenCL (PoCL) matches numpy."""
+  no PREFETCH. The interpreter gives the plain staged kernel's bits; OpenCL (PoCL here, a GPU under `make gpu-test`)
+  matches numpy."""
   import re
+  from dataclasses import replace
   from fusegrad.codegen import pipeline
+  from fusegrad.codegen.ir import Stage
+  from fusegrad.codegen.linearize import Let
   from fusegrad.codegen.renderer.cstyle import OpenCLRenderer
   a, b = rng.standard_normal((128, kk)).astype(np.float32), rng.standard_normal((kk, 128)).astype(np.float32)
-  item = one_kernel(fg.Tensor(a) @ fg.Tensor(b))
+  if device == "OPENCL": _gpu_opencl(monkeypatch)
+  item = one_kernel(fg.Tensor(a, device=device) @ fg.Tensor(b, device=device))
   opts = heuristic.hand_coded(item.kernel, GPU)
   plain = [o for o in opts if o.op is not OptOp.PREFETCH]
   assert plain[-1].op is OptOp.STAGE, opts
+  staged = apply_opts(item.kernel, plain, GPU)
+  prefetch = Opt(OptOp.PREFETCH, staged.axis_index(staged.of_kind(K.STAGE)[0].var), buffers)
   if kk == 16:
     assert len(plain) == len(opts), opts
-    with pytest.raises(OptError, match="no tile has a next one"):
-      apply_opt(apply_opts(item.kernel, plain, GPU), Opt(OptOp.PREFETCH, plain[-1].axis + 1, buffers), GPU)
+    with pytest.raises(OptError, match="no tile has a next one"): apply_opt(staged, prefetch, GPU)
   else:
-    assert opts[-1] == Opt(OptOp.PREFETCH, plain[-1].axis + 1, heuristic.MM_PREFETCH), opts
-    opts = plain + [Opt(OptOp.PREFETCH, plain[-1].axis + 1, buffers)]
+    assert opts[-1] == replace(prefetch, arg=heuristic.MM_PREFETCH), opts
+    opts = plain + [prefetch]
     p = pipeline.prepare(item.kernel, GPU, tuple(opts))
     step, s = (a_.var.name for a_ in p.kernel.axes[-2:])
+    tiles = [st.val for st in p.listing if isinstance(st, Let) and isinstance(st.val, Stage)]
+    assert [(t.prefetch.name, t.buffers) for t in tiles] == [(step, buffers)] * 2, tiles
     src = OpenCLRenderer().render(p.kernel, p.listing)
     head, loop = src.split(f"for (int {step} = 0;")
     assert head.count("_j = lidx;") == 2, src                  # the first tiles, copied before the loop
@@ -302,13 +311,23 @@ def test_gpu_matmul_prefetches_its_next_tiles(kk, buffers, rng, monkeypatch):
     assert len(fetch) == 16 and len(stores) == 16, src
     assert max(fetch) < inner < min(reads) and max(r for r in reads if r < min(stores)) < min(stores), src
     assert loop.count("barrier(") == (1 if buffers == 2 else 2), src
-    assert (f"({step}%2)*" in loop) == (buffers == 2), src
-    np.testing.assert_array_equal(run(item, tuple(opts)), run(item, tuple(plain)))
-  _close(run(item, tuple(opts)), a @ b)
-  if _has_opencl():
-    _gpu_opencl(monkeypatch)
-    item = one_kernel(fg.Tensor(a, device="OPENCL") @ fg.Tensor(b, device="OPENCL"))
-    _close(run(item, tuple(opts), "OPENCL"), a @ b)
+    # two buffers: the step's reads at its tile's buffer (step % 2, which 2 steps render as step)
+    assert (f"{tiles[0].buffer_stride}+" in loop[inner:min(stores)]) == (buffers == 2), src
+    if device == "PYTHON": np.testing.assert_array_equal(run(item, tuple(opts)), run(item, tuple(plain)))
+  _close(run(item, tuple(opts), device), a @ b)
+
+
+@pytest.mark.parametrize("device", ["PYTHON"] + (["OPENCL"] if _has_opencl() else []))
+def test_stage_leaves_loads_along_a_grouped_loop_alone(device, rng):
+  """A load along a reduction's loop that the work-group shares (GROUP of the staged reduction's outer part) differs
+  between the group's items: it is no tile (its copies mixed the items' values: wrong on OpenCL). The interpreter
+  assembles a group's tile from its items' own copy steps, as a device does, so it saw the same wrong values."""
+  item = one_kernel(make("matmul", rng, device))                # 32 x 24 @ 24 x 48
+  opts = (Opt(OptOp.LOCAL, 1, 16), Opt(OptOp.LOCAL, 0, 2), Opt(OptOp.LOOP, 0, 16), Opt(OptOp.STAGE, 4, 3),
+          Opt(OptOp.GROUP, 4, 2))
+  from fusegrad.codegen import passes
+  assert not passes.stages(passes.stage(apply_opts(item.kernel, opts, GPU)))
+  _close(run(item, opts, device), run(item, (), device))
 
 
 def test_masked_matmul_keeps_vector_accumulators(rng):
