@@ -13,6 +13,7 @@ import math
 import threading
 from fusegrad import config, dtype as dt
 from fusegrad.engine import jit as _jit
+from fusegrad.graph import template
 
 _state = threading.local()
 _seq = itertools.count()   # recipes are numbered in creation order (see rebind)
@@ -321,6 +322,34 @@ def _unfold_flat_rule(arg, inputs, out, g):
   return (total,)
 
 
+def _fn_rule(arg, ins, out, g):
+  """A call that fusegrad/templates.py made from a template: the function runs again over its inputs' nodes (the
+  hash-consing cache hands back the template's nodes) and the gradients come from its own recipes."""
+  from fusegrad.tensor import Tensor
+  from fusegrad.templates import rebuild
+  fn, (args, kwargs) = arg
+  if grad_enabled():   # create_graph: differentiable gradients, through the inputs themselves
+    leaves = list(ins)
+  else:                # new leaves over the same nodes: the walk below stops at them
+    leaves = []
+    for i in ins:
+      t = Tensor(_node=i.node)
+      if i.requires_grad: t.requires_grad = True
+      leaves.append(t)
+  with enable_grad(): y = fn(*rebuild(args, leaves), **rebuild(kwargs, leaves))
+  want, seen = [], set()
+  for t in leaves:
+    if t.requires_grad and id(t) not in seen:
+      seen.add(id(t))
+      want.append(t)
+  gs = dict(zip(map(id, want), grad([y], want, [g], create_graph=grad_enabled(), allow_unused=True)))
+  out, given = [], set()
+  for t in leaves:   # an input named twice gets its whole gradient once
+    out.append(gs.get(id(t)) if id(t) not in given else None)
+    given.add(id(t))
+  return tuple(out)
+
+
 RULES = {
   "ALU": lambda arg, ins, out, g: _alu_rule(arg, ins, out, g),
   "CAST": lambda arg, ins, out, g: (g.to(ins[0].dtype) if ins[0].dtype.is_float else None,),
@@ -334,6 +363,7 @@ RULES = {
   "UNFOLD_FLAT": _unfold_flat_rule,
   "CONV_ROWS": _conv_rows_rule,
   "CONTIGUOUS": lambda arg, ins, out, g: (g,),
+  "FN": _fn_rule,
   "SIGMOID": lambda arg, ins, out, g: (_sigmoid_grad(ins[0], out, g),),
   "EXPM1": lambda arg, ins, out, g: (g * ins[0].exp(),),   # not out + 1, which is 0 where expm1 rounds to -1
   "LOG1P": lambda arg, ins, out, g: (g / (ins[0] + 1),),
@@ -479,7 +509,7 @@ def _run(outputs, grad_outputs, inputs=None, retain_graph: bool = False, create_
   ins_of: dict = {}
   order = _toposort(outputs, ins_of)
   key = None
-  if inputs is None and not create_graph and TEMPLATES:
+  if inputs is None and not create_graph and config.TEMPLATES:
     key = _template_key(order, ins_of, outputs, grad_outputs)
   if key is not None:
     tpl = _templates.get(key[0])
@@ -530,16 +560,11 @@ def _free(t, ins) -> None:
 # gradient) and the default float dtype. A backward that makes a graph the template cannot express (a rule that
 # reads a value on the host, makes a buffer, or uses a realized node from outside the forward graph) is marked
 # and always runs its rules; so do create_graph, autograd.grad(inputs=...) and runtime sizes.
-TEMPLATES = config.BACKWARD_TEMPLATES
 _TEMPLATES_MAX = 64
 _templates: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
 _templates_lock = threading.Lock()
 _templates_hits = [0]    # backward passes made from a template (tests read it)
 _UNTEMPLATABLE = object()
-
-
-class _Untemplatable(Exception):
-  pass
 
 
 def _arg_nodes(a, out: list) -> None:
@@ -564,7 +589,7 @@ def _arg_key(a, pos: dict):
   if t is dt.DType: return a
   if isinstance(a, (tuple, list)): return (t.__name__,) + tuple(_arg_key(x, pos) for x in a)
   if hasattr(a, "_ctx") and hasattr(a, "node"): return ("tensor", pos[id(a.node)])
-  raise _Untemplatable(t.__name__)
+  raise template.Untemplatable(t.__name__)
 
 
 def _exact(v):
@@ -586,7 +611,7 @@ def _template_key(order, ins_of: dict, outputs, grad_outputs):
     recipes.append(ins)
     roots.append(ctx[3])
     for i in ins: roots.append(i.node)
-    _arg_nodes(ctx[1], roots)
+    if ctx[0] != "FN": _arg_nodes(ctx[1], roots)
   for o, g in zip(outputs, grad_outputs): roots += (o.node, g.node)
   skey, nodes = sched._structure(roots)
   pos = {id(n): i for i, n in enumerate(nodes)}
@@ -600,11 +625,14 @@ def _template_key(order, ins_of: dict, outputs, grad_outputs):
         continue
       ins = recipes[r]
       r += 1
-      parts.append((ctx[0], _arg_key(ctx[1], pos), pos[id(t.node)], pos[id(ctx[3])], t.requires_grad,
+      # (a templated call's argument, fusegrad/templates.py, is its function and plain values already)
+      parts.append((ctx[0], ctx[1] if ctx[0] == "FN" else _arg_key(ctx[1], pos), pos[id(t.node)], pos[id(ctx[3])],
+                    t.requires_grad,
                     tuple((pos[id(i.node)], i.requires_grad, opos.get(id(i), -1)) for i in ins)))
-  except _Untemplatable:
+  except template.Untemplatable:
     return None
-  consts = tuple((i, _exact(n.arg)) for i, n in enumerate(nodes) if n.op == "CONST" and n.buffer is None)
+  # every constant's exact value, a realized one's too (its structure says "input": node.alu still folds it)
+  consts = tuple((i, n.op, _exact(n.arg)) for i, n in enumerate(nodes) if n.op in ("CONST", "IOTA"))
   outs = tuple((opos.get(id(o), -1), pos[id(g.node)]) for o, g in zip(outputs, grad_outputs))
   return (skey, consts, tuple(parts), outs, dt.default_float), nodes
 
@@ -620,15 +648,11 @@ class _Template:
 
   def run(self, order, ins_of: dict, nodes, retain_graph: bool) -> dict:
     from fusegrad.tensor import Tensor
-    from fusegrad.graph.node import Node
     for k in self.done:   # what the rules' run checks before each rule
       t = order[k]
       _check_saved(t, t._ctx, ins_of[id(t)])
-    made: list = []
-    add = made.append
-    for op, dtype, srcs, arg, shape, device in self.entries:
-      add(Node(op, dtype, tuple(made[~r] if r < 0 else nodes[r] for r in srcs), arg, shape, device))
-    grads = {id(order[k]): Tensor(_node=made[~r] if r < 0 else nodes[r]) for k, r in self.leaves}
+    made = template.instantiate(self.entries, nodes, shared=False)
+    grads = {id(order[k]): Tensor(_node=template.node_of(r, made, nodes)) for k, r in self.leaves}
     if not retain_graph:
       for k in self.done:
         t = order[k]
@@ -640,31 +664,15 @@ def _record(key, order, grads, done, reads: int) -> None:
   """Store the graph the rules just built under key (or mark the key as one whose rules must always run)."""
   tkey, nodes = key
   try:
-    if _jit.host_reads[0] != reads: raise _Untemplatable("a rule read a value on the host")
-    refs = {id(n): i for i, n in enumerate(nodes)}
-    entries: list = []
-    leaves = []
-    for k, t in enumerate(order):
-      if t._ctx is not None or not t.requires_grad or id(t) not in grads: continue
-      root = grads[id(t)].node
-      stack = [root]
-      while stack:
-        n = stack[-1]
-        if id(n) in refs: stack.pop(); continue
-        # a node outside the forward walk is copied (a pure function of its sources), unless it holds a value
-        if n.buffer is not None or n.op == "BUFFER": raise _Untemplatable("a realized node outside the forward graph")
-        pending = [x for x in n.src if id(x) not in refs]
-        if pending:
-          stack += pending
-          continue
-        refs[id(n)] = ~len(entries)
-        entries.append((n.op, n.dtype, tuple(refs[id(x)] for x in n.src), n.arg, n.shape, n.device))
-        stack.pop()
-        if len(entries) > 1 << 17: raise _Untemplatable("too large")
-      leaves.append((k, refs[id(root)]))
+    if _jit.host_reads[0] != reads: raise template.Untemplatable("a rule read a value on the host")
+    leaves = [(k, grads[id(t)].node) for k, t in enumerate(order)
+              if t._ctx is None and t.requires_grad and id(t) in grads]
+    # a node outside the forward walk is copied (a pure function of its sources), unless it holds a value
+    entries, refs = template.record([n for _k, n in leaves], {id(n): i for i, n in enumerate(nodes)},
+                                    lambda n: True)
     opos = {id(t): k for k, t in enumerate(order)}
-    tpl = _Template(tuple(entries), tuple(leaves), tuple(opos[id(t)] for t, _ in done))
-  except _Untemplatable:
+    tpl = _Template(entries, tuple((k, r) for (k, _n), r in zip(leaves, refs)), tuple(opos[id(t)] for t, _ in done))
+  except template.Untemplatable:
     tpl = _UNTEMPLATABLE
   with _templates_lock:
     _templates[tkey] = tpl

@@ -37,8 +37,9 @@ if CPU_ISA not in ("native", "avx2"):
 THREADS = _int("FUSEGRAD_THREADS", 0)                   # CPU worker threads (0: one per core)
 MAX_PROGRAMS = _int("FUSEGRAD_MAX_PROGRAMS", 2048)      # compiled programs kept in memory per device (LRU)
 EAGER_REPLAY = bool(_int("FUSEGRAD_EAGER_REPLAY", 1))  # 0: realize schedules step by step (no replay of cached plans)
-# 0: every backward runs the gradient rules (no instantiation of the graph a backward of the same structure made)
-BACKWARD_TEMPLATES = bool(_int("FUSEGRAD_BACKWARD_TEMPLATES", 1))
+# 0: every backward runs its gradient rules and every library function its frontend ops (no graph templates:
+# graph/template.py, autograd.py, templates.py)
+TEMPLATES = bool(_int("FUSEGRAD_TEMPLATES", 1))
 FUZZ_EXAMPLES = _int("FUSEGRAD_FUZZ_EXAMPLES", 0)       # tests/fuzz: examples per device (0: the quick default)
 BEAM = _int("FUSEGRAD_BEAM", 0)                         # >0: search each new kernel's actions with this beam width (codegen/opt/search.py)
 BEAM_BUDGET = _float("FUSEGRAD_BEAM_BUDGET", 60.0)      # seconds one kernel's search may take at most

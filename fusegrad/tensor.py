@@ -23,6 +23,7 @@ from fusegrad.runtime import device as rd
 from fusegrad import autograd
 from fusegrad import alias
 from fusegrad.engine import jit as _jit
+from fusegrad.templates import templated
 
 _DETACH = (("DETACH", None),)
 ReturnMinMax = namedtuple("return_types", ["values", "indices"])
@@ -468,6 +469,7 @@ class Tensor:
   @_float32_inside
   def silu(self): return self * self.sigmoid()
   @_float32_inside
+  @templated
   def gelu(self, approximate: str = "none"):
     x = self._cast(self._float_dtype())
     if approximate == "tanh":
@@ -877,12 +879,14 @@ class Tensor:
     m = where(m.isinf(), 0.0, m)
     out = (x - m).exp().sum(dim, keepdim=True).log() + m
     return out if keepdim else out.squeeze(_norm_dims(dim, self.ndim))
+  @templated
   def softmax(self, dim: int = -1, dtype=None):
     _check_softmax_dim(dim, "softmax")
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())
     if x.dtype in HALF_FLOATS: return x._cast(dt.float32).softmax(dim)._cast(x.dtype)   # one rounding, as PyTorch's
     e = (x - Tensor(_node=x._reduce("MAX", dim, True).node)).exp()   # detached
     return e / e.sum(dim, keepdim=True)
+  @templated
   def log_softmax(self, dim: int = -1, dtype=None):
     _check_softmax_dim(dim, "log_softmax")
     x = self._cast(dt.to_dtype(dtype)) if dtype is not None else self._cast(self._float_dtype())

@@ -69,10 +69,16 @@ def _same(a, b) -> bool:
     return False
 
 
+# host reads and host code run so far in this process (graph templates, graph/template.py, refuse code that does
+# either: a template makes nodes, it runs no host code)
+host_reads = [0]
+
+
 def host(fn) -> None:
   """Run fn (host code that writes values into device buffers, or that changes Python state the step's
   later host code reads) now, and again at this point of every replay of a step being captured. Host code
   that fn runs through host() itself is repeated by fn, not recorded twice (a scheduler stepping others)."""
+  host_reads[0] += 1   # (as a read: graph templates refuse code that runs host code)
   rec = getattr(_local, "rec", None)
   if rec is None or not rec.recording or rec.depth:
     fn()
@@ -112,8 +118,6 @@ def host_read(t, fn) -> None:
   rec.snap = _snapshot()
 
 
-# host reads so far in this process (autograd's backward templates refuse a backward whose rules read values)
-host_reads = [0]
 
 
 def check_read(t) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import fusegrad as fg
 from fusegrad import dtype as dt
 from fusegrad.tensor import Tensor, _index_in_range, _moments, _take_rows, _unfold, _unfold_flat, where, HALF_FLOATS, _result_type
+from fusegrad.templates import templated
 
 # ---- activations (the Tensor methods, as functions) ----------------------------------------------------------
 
@@ -467,6 +468,7 @@ def _norm_in_float32(fn, input: Tensor, *params):
   return fn(input._cast(dt.float32), *[p._cast(dt.float32) if p is not None else None for p in params])._cast(d)
 
 
+@templated
 def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
   ns = _check_normalized_shape(input, normalized_shape, "layer_norm")
   y = _norm_in_float32(lambda x, w, b: layer_norm(x, normalized_shape, w, b, eps), input, weight, bias)
@@ -479,6 +481,7 @@ def layer_norm(input: Tensor, normalized_shape, weight=None, bias=None, eps: flo
   return y
 
 
+@templated
 def rms_norm(input: Tensor, normalized_shape, weight=None, eps: float | None = None) -> Tensor:
   ns = _check_normalized_shape(input, normalized_shape, "rms_norm")
   # torch.finfo(...).eps of the compute dtype: float32's for float16/bfloat16 inputs (measured with torch 2.13)
@@ -552,6 +555,7 @@ def _causal_mask(L: int, S: int, device: str) -> Tensor:
   return m
 
 
+@templated
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:
@@ -668,6 +672,7 @@ def nll_loss(input: Tensor, target: Tensor, weight=None, ignore_index: int = -10
   return _class_loss(input, target, weight, ignore_index, reduction, 0.0, "nll_loss")
 
 
+@templated
 def cross_entropy(input: Tensor, target: Tensor, weight=None, ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
   if not 0.0 <= label_smoothing <= 1.0:

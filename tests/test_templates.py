@@ -1,0 +1,313 @@
+"""A backward of a structure seen before is made from a template (autograd.py, "backward templates").
+
+The template path must give the graph the rules would build: these tests compare it bitwise with the rules' run
+(`config.TEMPLATES = False`) over several training steps, check gradients against torch where constants change
+from step to step (a rule may fold a constant into a new one: its value is in the key), and check that PyTorch's
+errors (a second backward through a freed graph, a saved value modified in place) are raised on the template path
+too. Every test counts the backward passes the templates made, so none passes by running the rules only.
+"""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+import fusegrad as fg
+import fusegrad.nn as nn
+import fusegrad.nn.functional as F
+from fusegrad import autograd as A, config
+
+
+@pytest.fixture(autouse=True)
+def _templates_on():
+  old = config.TEMPLATES
+  config.TEMPLATES = True
+  A._templates.clear()
+  yield
+  config.TEMPLATES = old
+
+
+def _hits() -> int: return A._templates_hits[0]
+
+
+def _mlp_steps(rng, templates: bool, steps: int, device: str, adam: bool = True):
+  config.TEMPLATES = templates
+  fg.manual_seed(0)
+  model = nn.Sequential(nn.Linear(12, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 5)).to(device)
+  opt = fg.optim.AdamW(model.parameters(), lr=1e-2) if adam else fg.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+  data = [(rng.standard_normal((8, 12), dtype=np.float32), rng.integers(0, 5, 8)) for _ in range(steps)]
+  losses = []
+  for x, y in data:
+    loss = F.cross_entropy(model(fg.tensor(x, device=device)), fg.tensor(y, device=device))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+  return losses, [p.numpy() for p in model.parameters()]
+
+
+def test_training_steps_equal_the_rules_run(device, monkeypatch):
+  # backward templates alone: bitwise the rules' run
+  from fusegrad import templates
+  monkeypatch.setattr(templates, "FORWARD", False)
+  seed = np.random.SeedSequence().entropy
+  want = _mlp_steps(np.random.default_rng(seed), False, 5, device)
+  before = _hits()
+  got = _mlp_steps(np.random.default_rng(seed), True, 5, device)
+  assert _hits() - before >= 3          # the first step (lazy initial weights) and the second record
+  assert got[0] == want[0]
+  for a, b in zip(got[1], want[1]): np.testing.assert_array_equal(a, b)
+
+
+def test_training_steps_with_forward_templates(device):
+  # forward templates too: a templated call's gradient sums its inner contributions first (float reassociation,
+  # which Adam would amplify where a gradient is a cancellation's rounding: SGD here)
+  seed = np.random.SeedSequence().entropy
+  want = _mlp_steps(np.random.default_rng(seed), False, 7, device, adam=False)
+  before, fwd = _hits(), FT.stats["hits"]
+  got = _mlp_steps(np.random.default_rng(seed), True, 7, device, adam=False)
+  assert _hits() - before >= 3 and FT.stats["hits"] - fwd >= 8   # layer_norm and gelu of 4+ steps
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+  for a, b in zip(got[1], want[1]): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_gpt_backward_from_template_is_bitwise_the_rules(monkeypatch):
+  from fusegrad import templates
+  monkeypatch.setattr(templates, "FORWARD", False)
+  import sys, os
+  sys.path.insert(0, os.path.dirname(__file__))
+  from nanogpt_model import GPTConfig, build
+  cfg = GPTConfig(block_size=16, vocab_size=33, n_layer=1, n_head=2, n_embd=16, dropout=0.0, bias=True)
+  rng = np.random.default_rng()
+  batches = [(rng.integers(0, 33, (4, 16)), rng.integers(0, 33, (4, 16))) for _ in range(4)]
+  def run(templates):
+    config.TEMPLATES = templates
+    fg.manual_seed(0)
+    m = build(fg)(cfg)
+    opt = m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    for x, y in batches:
+      _, loss = m(fg.tensor(x), fg.tensor(y))
+      opt.zero_grad()
+      loss.backward()
+      opt.step()
+    return [p.numpy() for p in m.parameters()]
+  want = run(False)
+  before = _hits()
+  got = run(True)
+  assert _hits() - before >= 2
+  for a, b in zip(got, want): np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("op", ["mul", "pow", "div", "scale_then_pow"])
+def test_changing_constants_reach_the_gradient(op, device):
+  # x * c, x ** c, c / x: a new Python number each step is a kernel argument (same structure) but the rules may
+  # fold it (pow's c - 1): a template serves the values it was made with only, so the gradient follows the value
+  rng = np.random.default_rng()
+  x0 = rng.uniform(0.5, 2.0, (6, 7)).astype(np.float32)
+  fns = {"mul": lambda x, c: x * c, "pow": lambda x, c: x ** c, "div": lambda x, c: c / x,
+         "scale_then_pow": lambda x, c: (x * (c + 1)) ** (c / 2)}
+  f = fns[op]
+  before = _hits()
+  for c in (1.7, 2.3, 1.7, 2.3, 0.6):
+    x = fg.tensor(x0, device=device, requires_grad=True)
+    f(x, c).sum().backward()
+    xt = torch.tensor(x0, requires_grad=True)
+    f(xt, c).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+  assert _hits() - before >= 2
+
+
+def test_second_backward_through_a_freed_graph_raises_on_the_template_path():
+  rng = np.random.default_rng()
+  w = fg.tensor(rng.standard_normal((5, 5), dtype=np.float32), requires_grad=True)
+  before = _hits()
+  for i in range(4):
+    x = fg.tensor(rng.standard_normal((4, 5), dtype=np.float32))
+    y = (x @ w).exp().sum()
+    y.backward()
+  assert _hits() - before >= 2
+  with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+    y.backward()
+
+
+def test_retain_graph_on_the_template_path():
+  rng = np.random.default_rng()
+  a = rng.standard_normal((4, 5), dtype=np.float32)
+  for i in range(3):
+    w = fg.tensor(a, requires_grad=True)
+    y = (w.tanh() * w).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    wt = torch.tensor(a, requires_grad=True)
+    (wt.tanh() * wt).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), 2 * wt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_inplace_modification_of_a_saved_value_raises_on_the_template_path():
+  rng = np.random.default_rng()
+  a = rng.standard_normal((4, 5), dtype=np.float32)
+  before = _hits()
+  for i in range(4):    # the same structure recorded, then hit; the last time exp's saved output is written first
+    w = fg.tensor(a, requires_grad=True)
+    y = w.exp()
+    z = y.sum()
+    if i < 3:
+      z.backward()
+      np.testing.assert_allclose(w.grad.numpy(), np.exp(a), rtol=1e-6)
+      continue
+    y.add_(1)     # exp's rule reads its output
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+      z.backward()
+  assert _hits() - before == 3   # the failing backward's key is a hit too: the check runs on the template path
+
+
+def test_gradients_accumulate_and_are_fresh_tensors():
+  rng = np.random.default_rng()
+  a = rng.standard_normal((3, 4), dtype=np.float32)
+  w = fg.tensor(a, requires_grad=True)
+  before = _hits()
+  for i in range(3): (w * w).sum().backward()
+  assert _hits() - before == 2
+  np.testing.assert_allclose(w.grad.numpy(), 6 * a, rtol=1e-6)
+  g = w.grad
+  g.mul_(0)             # a gradient is its own tensor: writing it changes nothing else
+  np.testing.assert_array_equal(w.numpy(), a)
+
+
+def test_a_different_structure_records_its_own_template():
+  rng = np.random.default_rng()
+  a = rng.standard_normal((3, 4), dtype=np.float32)
+  outs = []
+  for shape_op in ("sum", "mean", "sum", "mean"):
+    w = fg.tensor(a, requires_grad=True)
+    getattr(w.sin(), shape_op)().backward()
+    outs.append(w.grad.numpy())
+  np.testing.assert_allclose(outs[0], np.cos(a), rtol=1e-6)
+  np.testing.assert_allclose(outs[1], np.cos(a) / a.size, rtol=1e-6)
+  np.testing.assert_array_equal(outs[2], outs[0])
+  np.testing.assert_array_equal(outs[3], outs[1])
+
+
+# ---- forward templates of library functions (fusegrad/templates.py) --------------------------------------------
+
+from fusegrad import templates as FT   # noqa: E402
+
+
+def _fwd_cases():
+  Ft = torch.nn.functional
+  return {
+    "layer_norm": (lambda lib, x, w, b: lib.nn.functional.layer_norm(x, (x.shape[-1],), w, b, 1e-5), 3),
+    "softmax": (lambda lib, x, w, b: x.softmax(-1) * w, 3),
+    "log_softmax": (lambda lib, x, w, b: lib.nn.functional.log_softmax(x * w, dim=-1) + b, 3),
+    "gelu": (lambda lib, x, w, b: lib.nn.functional.gelu(x * w + b), 3),
+    "gelu_tanh": (lambda lib, x, w, b: lib.nn.functional.gelu(x, approximate="tanh") * w, 3),
+    "rms_norm": (lambda lib, x, w, b: lib.nn.functional.rms_norm(x, (x.shape[-1],), w), 3),
+    "sdpa_causal": (lambda lib, x, w, b: lib.nn.functional.scaled_dot_product_attention(
+        x.reshape(2, 3, 4, 8), (x * w).reshape(2, 3, 4, 8), (x + b).reshape(2, 3, 4, 8), is_causal=True), 3),
+    "sdpa_self": (lambda lib, x, w, b: lib.nn.functional.scaled_dot_product_attention(
+        x.reshape(2, 3, 4, 8), x.reshape(2, 3, 4, 8), x.reshape(2, 3, 4, 8)), 3),
+  }
+
+
+@pytest.mark.parametrize("case", list(_fwd_cases()))
+def test_templated_functions_match_torch_and_the_frontend(case, device):
+  f, _ = _fwd_cases()[case]
+  rng = np.random.default_rng()
+  results = []
+  for templates in (False, True, True, True):
+    config.TEMPLATES = templates
+    x0 = (rng.standard_normal((6, 4, 8)) * 3 + 1).astype(np.float32)
+    w0, b0 = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    x, w, b = (fg.tensor(a, device=device, requires_grad=True) for a in (x0, w0, b0))
+    hits = FT.stats["hits"]
+    with fg.track() as tr:
+      y = f(fg, x, w, b)
+      (y * y).sum().backward()
+      fg.realize(*[t for t in (y, x.grad, w.grad, b.grad) if t is not None])
+    if templates and len(results) >= 2: assert FT.stats["hits"] > hits, "the call did not come from a template"
+    xt, wt, bt = (torch.tensor(a, requires_grad=True) for a in (x0, w0, b0))
+    yt = f(torch, xt, wt, bt)
+    (yt * yt).sum().backward()
+    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=2e-5, atol=2e-5)
+    for a, at in ((x, xt), (w, wt), (b, bt)):
+      if at.grad is None: assert a.grad is None
+      else:   # (float32 sums of terms up to the gradient's largest: an absolute error of that scale)
+        want = at.grad.numpy()
+        np.testing.assert_allclose(a.grad.numpy(), want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+    results.append(len(tr.kernels))
+  # nothing computed twice (the gradient rule's rebuild finds the template's nodes); a templated call's gradient is
+  # summed inside its rule first, which may fuse into fewer kernels (causal attention: 12 instead of 13)
+  assert results[-1] <= results[0], "a templated call and its backward launch more kernels than the frontend's"
+
+
+def test_a_changed_argument_is_a_new_template(device):
+  rng = np.random.default_rng()
+  x0 = rng.standard_normal((5, 16)).astype(np.float32) * 10
+  for eps in (1e-5, 1.0, 1e-5, 1.0):   # eps is baked into the graph: each value its own template
+    y = fg.nn.functional.layer_norm(fg.tensor(x0, device=device), (16,), eps=eps).numpy()
+    want = torch.nn.functional.layer_norm(torch.tensor(x0), (16,), eps=eps).numpy()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_random_draws_are_never_templated():
+  # a dropout inside the attention draws random numbers (host code): every call must draw afresh
+  rng = np.random.default_rng()
+  q = fg.tensor(rng.standard_normal((2, 2, 8, 4)).astype(np.float32))
+  outs = [fg.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy() for _ in range(4)]
+  for a, b in zip(outs, outs[1:]): assert not np.array_equal(a, b)
+
+
+def test_double_backward_through_a_templated_call():
+  rng = np.random.default_rng()
+  x0, w0 = rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+  for i in range(3):
+    x, w = fg.tensor(x0, requires_grad=True), fg.tensor(w0, requires_grad=True)
+    y = fg.nn.functional.layer_norm(x, (6,), w)
+    (g,) = fg.autograd.grad((y * y).sum(), [x], create_graph=True)
+    g.sum().backward()
+    xt, wt = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+    (gt,) = torch.autograd.grad((torch.nn.functional.layer_norm(xt, (6,), wt) ** 2).sum(), [xt], create_graph=True)
+    gt.sum().backward()
+    np.testing.assert_allclose(g.numpy(), gt.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_no_grad_calls_and_integer_targets():
+  rng = np.random.default_rng()
+  for i in range(3):
+    logits = rng.standard_normal((8, 5)).astype(np.float32)
+    target = rng.integers(0, 5, 8)
+    with fg.no_grad():
+      got = fg.nn.functional.cross_entropy(fg.tensor(logits), fg.tensor(target)).item()
+    want = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(target)).item()
+    assert got == pytest.approx(want, rel=1e-5)
+  with pytest.raises(IndexError):    # the targets' range check still runs (a host read: never templated)
+    fg.nn.functional.cross_entropy(fg.tensor(logits), fg.tensor(np.full(8, 7))).item()
+
+
+def test_a_realized_constant_is_keyed_by_its_value(device):
+  # fusegrad.ones(n) realized is still a CONST node, which the graph folds (x * ones is x): a template recorded
+  # over it must not serve a parameter of other values later (a LayerNorm's weight after its first update)
+  rng = np.random.default_rng()
+  x0 = rng.standard_normal((4, 8)).astype(np.float32)
+  for w0 in (np.ones(8, np.float32), rng.standard_normal(8).astype(np.float32), np.ones(8, np.float32)):
+    w = (fg.ones(8, device=device) if (w0 == 1).all() else fg.tensor(w0, device=device)).realize()
+    w.requires_grad_()
+    x = fg.tensor(x0, device=device, requires_grad=True)
+    y = fg.nn.functional.layer_norm(x, (8,), w)
+    (y * x).sum().backward()
+    xt, wt = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+    yt = torch.nn.functional.layer_norm(xt, (8,), wt)
+    (yt * xt).sum().backward()
+    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_view_input_is_keyed_with_its_source(device):
+  # softmax over x.T builds on x.T's source (movements compose into one view of it): the template must read the
+  # source of each call, a constant's value included
+  rng = np.random.default_rng()
+  for i, base in enumerate((None, 2.0, None, 3.0, None)):
+    a = rng.standard_normal((5, 7)).astype(np.float32) if base is None else np.full((5, 7), base, np.float32)
+    x = fg.full((5, 7), base, device=device) if base is not None else fg.tensor(a, device=device)
+    y = x.T.softmax(-1).numpy()
+    np.testing.assert_allclose(y, torch.tensor(a).T.softmax(-1).numpy(), rtol=1e-5, atol=1e-6)
