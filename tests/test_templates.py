@@ -311,3 +311,59 @@ def test_a_view_input_is_keyed_with_its_source(device):
     x = fg.full((5, 7), base, device=device) if base is not None else fg.tensor(a, device=device)
     y = x.T.softmax(-1).numpy()
     np.testing.assert_allclose(y, torch.tensor(a).T.softmax(-1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---- optimizer update templates (fusegrad/optim/_updates.py) -------------------------------------------------
+
+_OPTS = {"SGD": dict(lr=0.1, momentum=0.9, nesterov=True), "Adam": dict(lr=1e-2, amsgrad=True),
+         "AdamW": dict(lr=1e-2), "RMSprop": dict(lr=1e-2, centered=True, momentum=0.5),
+         "Adagrad": dict(lr=0.1, initial_accumulator_value=0.3), "Adadelta": {}, "Adamax": {}, "NAdam": {},
+         "RAdam": {}, "ASGD": {}}
+
+
+def _opt_steps(name: str, templates: bool, seed: int, steps: int = 6):
+  config.TEMPLATES = templates
+  rng = np.random.default_rng(seed)
+  fg.manual_seed(0)
+  model = nn.Sequential(nn.Linear(12, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 5))
+  opt = getattr(fg.optim, name)(model.parameters(), **_OPTS[name])
+  sched = fg.optim.lr_scheduler.StepLR(opt, 1, 0.7)    # a new learning rate every step: no new key
+  for _ in range(steps):
+    x, y = rng.standard_normal((8, 12), dtype=np.float32), rng.integers(0, 5, 8)
+    loss = F.cross_entropy(model(fg.tensor(x)), fg.tensor(y))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sched.step()
+  states = [v.numpy() for st in opt.state.values() for k, v in sorted(st.items()) if isinstance(v, fg.Tensor)]
+  return [p.numpy() for p in model.parameters()], states
+
+
+@pytest.mark.parametrize("name", list(_OPTS))
+def test_optimizer_updates_from_templates_equal_the_frontend(name, monkeypatch):
+  from fusegrad import templates
+  from fusegrad.optim import _updates
+  monkeypatch.setattr(templates, "FORWARD", False)   # (forward templates reassociate gradients: compared above)
+  seed = np.random.SeedSequence().entropy
+  want = _opt_steps(name, False, seed)
+  hits = _updates.stats["hits"]
+  got = _opt_steps(name, True, seed)
+  assert _updates.stats["hits"] - hits >= 12
+  for a, b in zip(got[0] + got[1], want[0] + want[1]): np.testing.assert_array_equal(a, b)
+
+
+def test_a_group_value_the_update_reads_is_keyed():
+  # Adagrad's first step builds its accumulator from initial_accumulator_value (a value in the graph, not in the
+  # hyperparameter buffer): another value must not reuse the first one's template
+  rng = np.random.default_rng()
+  w0, g0 = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+  for init in (0.3, 0.3, 2.0, 0.0, 2.0):
+    w = fg.tensor(w0, requires_grad=True)
+    opt = fg.optim.Adagrad([w], lr=0.1, initial_accumulator_value=init)
+    (w * fg.tensor(g0)).sum().backward()
+    opt.step()
+    wt = torch.tensor(w0, requires_grad=True)
+    optt = torch.optim.Adagrad([wt], lr=0.1, initial_accumulator_value=init)
+    (wt * torch.tensor(g0)).sum().backward()
+    optt.step()
+    np.testing.assert_allclose(w.numpy(), wt.detach().numpy(), rtol=1e-6, atol=1e-7)

@@ -21,6 +21,7 @@ from fusegrad.engine import jit as _jit
 from fusegrad.graph import node as gn
 from fusegrad.runtime import device as rd
 from fusegrad.tensor import Tensor
+from fusegrad.optim import _updates
 
 
 def _check(ok: bool, msg: str) -> None:
@@ -111,7 +112,7 @@ class Optimizer(abc.ABC):
         for p in g["params"]:
           if p.grad is None: continue
           state = self.state.setdefault(id(p), {})
-          new, states = self._update(p, p.grad.detach(), g, state, self._scalars(p, g, state))
+          new, states = _updates.run(self, p, p.grad.detach(), g, state, self._scalars(p, g, state))
           p._assign(new.to(p.dtype))
           updates.append(p)
           updates.extend(states)

@@ -1,0 +1,125 @@
+"""Update templates: an optimizer's per-parameter update graph made from a template (graph/template.py).
+
+`Optimizer._update` builds about a dozen frontend ops per parameter each step (a GPT's 28 parameters: ~3 ms of
+Python). The graph depends on the parameter's, gradient's, states' and hyperparameter views' structure and on the
+group and state entries `_update` reads (`g["weight_decay"]`, `g["initial_accumulator_value"]`, ...: the values
+that reach the graph through `_hyper`'s device buffer are not read there, so a scheduler's new learning rate is no
+new key). The first update of a key runs `_update` with the group and state watched (which entries it reads) and
+`_set_state` recorded (which state it sets, to what); later ones make the nodes from the template and set the
+same states through `_set_state` (its in-place writes, version counters and aliasing unchanged). An update that
+reads a value on the host, runs host code, or reaches a node made before it (other than a constant) is not
+recorded; neither is any update while a `fusegrad.jit` capture records. FUSEGRAD_TEMPLATES=0 turns this off.
+"""
+from __future__ import annotations
+import collections
+import threading
+from fusegrad import config, dtype as dt
+from fusegrad.engine import jit as _jit
+from fusegrad.graph import dims, node as gn, template
+from fusegrad.templates import _inputs_key, _spec
+
+_MAX = 1024
+_templates: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
+_reads: dict = {}          # structure key -> the group and state entries updates of that structure read
+_lock = threading.Lock()
+stats = {"hits": 0, "records": 0}
+_NEVER = object()
+
+
+class _Watch:
+  """A dict seen through: which keys were read (get, [], in); writes go to the dict."""
+  __slots__ = ("d", "read")
+
+  def __init__(self, d: dict):
+    self.d, self.read = d, set()
+  def get(self, k, default=None):
+    self.read.add(k)
+    return self.d.get(k, default)
+  def __getitem__(self, k):
+    self.read.add(k)
+    return self.d[k]
+  def __contains__(self, k):
+    self.read.add(k)
+    return k in self.d
+  def __setitem__(self, k, v): self.d[k] = v
+  def setdefault(self, k, v):
+    self.read.add(k)
+    return self.d.setdefault(k, v)
+
+
+def _values(d: dict, keys) -> tuple | None:
+  """The entries keys of d by value (a tensor by its place only: its structure is keyed with the inputs)."""
+  try:
+    return tuple((k, _spec(d[k], []) if k in d else ("missing",)) for k in sorted(keys, key=repr))
+  except template.Untemplatable:
+    return None
+
+
+def run(opt, p, grad, g: dict, state: dict, s: tuple):
+  """opt._update(p, grad, g, state, s), from a template where one fits."""
+  from fusegrad.tensor import Tensor
+  if not config.TEMPLATES or dims.bound_any[0] or _jit.recorder() is not None: return opt._update(p, grad, g, state, s)
+  names = tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor)))
+  tensors = [p, grad, *s, *(state[k] for k in names)]
+  ins, ext = _inputs_key(tensors)
+  base = (type(opt), names, ins, dt.default_float)
+  reads = _reads.get(base)
+  key = None
+  if reads is not None:
+    gv, sv = _values(g, reads[0]), _values(state, reads[1])
+    if gv is not None and sv is not None:
+      key = (base, gv, sv)
+      tpl = _templates.get(key)
+      if tpl is _NEVER: return opt._update(p, grad, g, state, s)
+      if tpl is not None:
+        stats["hits"] += 1
+        entries, new_ref, set_refs, out_states = tpl
+        made = template.instantiate(entries, ext, shared=True)
+        done = [opt._set_state(state, name, Tensor(_node=template.node_of(r, made, ext))) for name, r in set_refs]
+        return Tensor(_node=template.node_of(new_ref, made, ext)), [done[i] for i in out_states]
+  return _record(opt, p, grad, g, state, s, base, ext)
+
+
+def _record(opt, p, grad, g, state, s, base, ext_nodes):
+  start, reads = next(gn._seq), _jit.host_reads[0]
+  before = dict(state)     # the key holds the state the update read, not the one it leaves
+  gw, sw = _Watch(g), _Watch(state)
+  sets: list = []
+  real = opt._set_state
+  def set_state(st, name, value):
+    out = real(st.d if isinstance(st, _Watch) else st, name, value)
+    sets.append((name, value.node, out))
+    return out
+  opt._set_state = set_state
+  try:
+    new, states = opt._update(p, grad, gw, sw, s)
+  finally:
+    del opt._set_state
+  try:
+    if _jit.host_reads[0] != reads: raise template.Untemplatable("the update read or wrote values on the host")
+    out_states = []
+    for t in states:
+      i = next((i for i, (_n, _v, o) in enumerate(sets) if o is t), None)
+      if i is None: raise template.Untemplatable("a state the update returns was not set through _set_state")
+      out_states.append(i)
+    ext = {}
+    for i, n in enumerate(ext_nodes): ext.setdefault(id(n), i)
+    entries, refs = template.record([new.node] + [v for _n, v, _o in sets], ext,
+                                    lambda n: n.seq >= start or (not n.src and n.op in ("CONST", "IOTA")))
+    # the entries read before the update (an entry it sets, read after, is its own value)
+    reads_g, reads_s = frozenset(gw.read), frozenset(sw.read)
+    with _lock:
+      old = _reads.get(base)
+      _reads[base] = (reads_g | old[0], reads_s | old[1]) if old else (reads_g, reads_s)
+    gv, sv = _values(g, _reads[base][0]), _values(before, _reads[base][1])
+    if gv is None or sv is None: raise template.Untemplatable("a group or state entry is no plain value")
+    value = (entries, refs[0], tuple((n, r) for (n, _v, _o), r in zip(sets, refs[1:])), tuple(out_states))
+    stats["records"] += 1
+  except template.Untemplatable:
+    gv = sv = None
+    value = _NEVER
+  if gv is not None:
+    with _lock:
+      _templates[(base, gv, sv)] = value
+      if len(_templates) > _MAX: _templates.popitem(last=False)
+  return new, states
