@@ -74,7 +74,7 @@ def run(opt, p, grad, g: dict, state: dict, s: tuple):
       if tpl is not None:
         stats["hits"] += 1
         entries, new_ref, set_refs, out_states = tpl
-        made = template.instantiate(entries, ext, shared=True)
+        made = template.instantiate(entries, ext, shared=False)   # (nothing builds an update again)
         done = [opt._set_state(state, name, Tensor(_node=template.node_of(r, made, ext))) for name, r in set_refs]
         return Tensor(_node=template.node_of(new_ref, made, ext)), [done[i] for i in out_states]
   return _record(opt, p, grad, g, state, s, base, ext)
