@@ -203,7 +203,10 @@ CASES: list[OpCase] = [
            (((2, 3, 5),),), fast=True) for ac in (False, True)],
   *[OpCase(f"interpolate_{m}_{ac}", (lambda m, ac: lambda L, x: (F(L).interpolate(x, size=(7, 4), mode=m, align_corners=ac),
                                                                   F(L).interpolate(x, scale_factor=1.5, mode=m, align_corners=ac)))(m, ac),
-           (((2, 2, 4, 6),),), fast=m == "bilinear" and not ac) for m in ("bilinear", "bicubic") for ac in (False, True)],
+           (((2, 2, 4, 6),),), fast=m == "bilinear" and not ac,
+           # bicubic: 16 terms of weights up to 1.3 over inputs up to 2 cancel to ~0.006 (seed 3630806399: 1.07e-6 off,
+           # a few ulps of the terms; the same before and after any change of the graph)
+           atol=4e-6 if m == "bicubic" else None) for m in ("bilinear", "bicubic") for ac in (False, True)],
   OpCase("interpolate_trilinear", lambda L, x: (F(L).interpolate(x, size=(3, 5, 2), mode="trilinear"),
                                                 F(L).interpolate(x, scale_factor=2, mode="trilinear", align_corners=True)),
          (((1, 2, 2, 3, 4),),)),
