@@ -97,6 +97,10 @@ def _record(opt, p, grad, g, state, s, base, ext_nodes):
     del opt._set_state
   try:
     if _jit.host_reads[0] != reads: raise template.Untemplatable("the update read or wrote values on the host")
+    named = {n for n, _v, _o in sets}
+    if any(k not in named and (k not in before or v is not before[k]) for k, v in state.items()) or \
+       any(k not in state for k in before):
+      raise template.Untemplatable("the update changed its state other than through _set_state")
     out_states = []
     for t in states:
       i = next((i for i, (_n, _v, o) in enumerate(sets) if o is t), None)
