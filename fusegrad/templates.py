@@ -53,7 +53,8 @@ def templated(fn):
     stats["hits"] += 1
     entries, ref = tpl
     from fusegrad.tensor import Tensor
-    out = Tensor(_node=template.node_of(ref, template.instantiate(entries, ext, shared=True), ext))
+    # through the hash-consing cache where a gradient will run the function again (its rule finds these nodes)
+    out = Tensor(_node=template.node_of(ref, template.instantiate(entries, ext, shared=needs), ext))
     if needs: autograd.record(out, "FN", (fn, spec), tuple(tensors))
     return out
 
