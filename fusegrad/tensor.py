@@ -1827,11 +1827,35 @@ def _random_bits(n: int, device: str, generator=None) -> Tensor:
     g.counter += n
     keys.node.buffer.copyin(np.array([k0, k1, k2 ^ 0x27D4EB2F], dtype=np.uint32))
   _jit.host(draw)
-  i = Tensor(_node=gn.iota(n, dt.uint32, device))
+  return _hash_bits(keys, n)
+
+
+@templated
+def _hash_bits(keys: Tensor, n: int) -> Tensor:
+  """The n values of a counter-based draw from its keys (the draw's host part is _random_bits': made from a
+  template after the first call, since its ~40 ops are the same for every draw of n)."""
+  i = Tensor(_node=gn.iota(n, dt.uint32, keys.device))
   ka, kb, kc = (keys[j].reshape(1).expand(n) for j in range(3))
   h = _mix32(i ^ ka)
   h = _mix32(h + kb)
   return _mix32(h ^ kc)
+
+
+@templated
+def _uniform(bits: Tensor, size: tuple, d: DType) -> Tensor:
+  """uint32 bits -> uniform values in [0, 1) of dtype d, shaped size (24 bits: every float32 value exact)."""
+  u = (bits >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
+  return u._cast(d).reshape(size)
+
+
+@templated
+def _normal(bits: Tensor, size: tuple, d: DType) -> Tensor:
+  """2 x n uint32 bits -> n standard normal values of dtype d, shaped size (Box-Muller)."""
+  n = bits.shape[0] // 2
+  u = (bits.reshape(2, n) >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
+  u1, u2 = 1.0 - u[0], u[1]     # u1 in (0, 1]: log is finite
+  z = (-2.0 * u1.log()).sqrt() * (2 * math.pi * u2).cos()
+  return z._cast(d).reshape(size)
 
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -1839,10 +1863,7 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = F
   d = dt.to_dtype(dtype) if dtype is not None else dt.default_float
   if not d.is_float: raise TypeError(f"rand() expects a floating point dtype, got {d.name}")
   dev = _dev(device)
-  n = prod(size)
-  bits = _random_bits(n, dev, generator)
-  u = (bits >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
-  out = u._cast(d).reshape(size)
+  out = _uniform(_random_bits(prod(size), dev, generator), tuple(size), d)
   if requires_grad: out.requires_grad_()
   return out
 
@@ -1852,12 +1873,7 @@ def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = 
   d = dt.to_dtype(dtype) if dtype is not None else dt.default_float
   if not d.is_float: raise TypeError(f"randn() expects a floating point dtype, got {d.name}")
   dev = _dev(device)
-  n = prod(size)
-  bits = _random_bits(2 * n, dev, generator).reshape(2, n)
-  u = (bits >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
-  u1, u2 = 1.0 - u[0], u[1]     # u1 in (0, 1]: log is finite
-  z = (-2.0 * u1.log()).sqrt() * (2 * math.pi * u2).cos()
-  out = z._cast(d).reshape(size)
+  out = _normal(_random_bits(2 * prod(size), dev, generator), tuple(size), d)
   if requires_grad: out.requires_grad_()
   return out
 

@@ -367,3 +367,19 @@ def test_a_group_value_the_update_reads_is_keyed():
     (wt * torch.tensor(g0)).sum().backward()
     optt.step()
     np.testing.assert_allclose(w.numpy(), wt.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_random_numbers_from_templates_are_fresh_and_reproducible(device):
+  # the draw's keys come from the host every call (never templated); the hashing and Box-Muller are templates
+  fg.manual_seed(7)
+  first = [fg.randn(3, 5, device=device).numpy() for _ in range(4)] + [fg.rand(6, device=device).numpy()]
+  fg.manual_seed(7)
+  again = [fg.randn(3, 5, device=device).numpy() for _ in range(4)] + [fg.rand(6, device=device).numpy()]
+  for a, b in zip(first, again): np.testing.assert_array_equal(a, b)
+  for a, b in zip(first[:3], first[1:4]): assert not np.array_equal(a, b)
+  config.TEMPLATES = False
+  fg.manual_seed(7)
+  plain = [fg.randn(3, 5, device=device).numpy() for _ in range(4)] + [fg.rand(6, device=device).numpy()]
+  for a, b in zip(first, plain): np.testing.assert_array_equal(a, b)
+  big = fg.randn(20000, device=device).numpy()
+  assert abs(big.mean()) < 0.05 and abs(big.std() - 1) < 0.05
