@@ -467,6 +467,7 @@ class Tensor:
       out = where(x >= 0, (1 + e).reciprocal(), e / (1 + e))   # e / (1 + e) keeps sigmoid(-100) = 3.7e-44
     return x._prim("SIGMOID", None, out.node)
   @_float32_inside
+  @templated
   def silu(self): return self * self.sigmoid()
   @_float32_inside
   @templated

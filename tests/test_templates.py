@@ -202,6 +202,13 @@ def _fwd_cases():
     "rms_norm": (lambda lib, x, w, b: lib.nn.functional.rms_norm(x, (x.shape[-1],), w), 3),
     "sdpa_causal": (lambda lib, x, w, b: lib.nn.functional.scaled_dot_product_attention(
         x.reshape(2, 3, 4, 8), (x * w).reshape(2, 3, 4, 8), (x + b).reshape(2, 3, 4, 8), is_causal=True), 3),
+    "linear": (lambda lib, x, w, b: lib.nn.functional.linear(x, w.reshape(1, 8).expand(3, 8) * 1, b[:3]), 3),
+    "silu": (lambda lib, x, w, b: lib.nn.functional.silu(x * w) + b, 3),
+    "bce": (lambda lib, x, w, b: lib.nn.functional.binary_cross_entropy(
+        (x * w * 0.2).sigmoid(), b.sigmoid().expand(6, 4, 8), reduction="none"), 3),
+    "bce_logits": (lambda lib, x, w, b: lib.nn.functional.binary_cross_entropy_with_logits(
+        x, (b * w).sigmoid().expand(6, 4, 8), reduction="none"), 3),
+    "mse": (lambda lib, x, w, b: lib.nn.functional.mse_loss(x * w, b.expand(6, 4, 8), reduction="none"), 3),
     "sdpa_self": (lambda lib, x, w, b: lib.nn.functional.scaled_dot_product_attention(
         x.reshape(2, 3, 4, 8), x.reshape(2, 3, 4, 8), x.reshape(2, 3, 4, 8)), 3),
   }

@@ -74,6 +74,7 @@ def _check_tensor(x, name: str, arg: str = "input") -> None:
     raise TypeError(f"{name}(): argument '{arg}' must be Tensor, not {type(x).__name__}")
 
 
+@templated
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
   _check_tensor(input, "linear")
   _check_tensor(weight, "linear", "weight")
@@ -599,6 +600,7 @@ def _check_same(input: Tensor, target: Tensor, name: str) -> tuple[Tensor, Tenso
   return input, target
 
 
+@templated
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
   input, target = _check_same(input, target, "mse_loss")
   return _reduce((input - target).square(), reduction)
@@ -696,6 +698,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight=None, ignore_index: int 
   return _class_loss(logp, target, weight, ignore_index, reduction, label_smoothing, "cross_entropy")
 
 
+@templated
 def binary_cross_entropy(input: Tensor, target: Tensor, weight=None, reduction: str = "mean") -> Tensor:
   if target.shape != input.shape:
     raise ValueError(f"Using a target size ({tuple(target.shape)}) that is different to the input size "
@@ -706,6 +709,7 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight=None, reduction: 
   return _reduce(loss, reduction)
 
 
+@templated
 def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight=None, reduction: str = "mean",
                                      pos_weight=None) -> Tensor:
   if target.shape != input.shape:
