@@ -114,6 +114,7 @@ def _record(opt, p, grad, g, state, s, base, ext_nodes):
     reads_g, reads_s = frozenset(gw.read), frozenset(sw.read)
     with _lock:
       old = _reads.get(base)
+      if old is None and len(_reads) >= _MAX: _reads.clear()   # (bounded: the templates it led to stay valid)
       _reads[base] = (reads_g | old[0], reads_s | old[1]) if old else (reads_g, reads_s)
     gv, sv = _values(g, _reads[base][0]), _values(before, _reads[base][1])
     if gv is None or sv is None: raise template.Untemplatable("a group or state entry is no plain value")
