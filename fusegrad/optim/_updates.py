@@ -45,6 +45,14 @@ class _Watch:
   def setdefault(self, k, v):
     self.read.add(k)
     return self.d.setdefault(k, v)
+  def _all(self) -> dict:   # a walk over the entries reads every one
+    self.read.update(self.d)
+    return self.d
+  def __iter__(self): return iter(self._all())
+  def __len__(self): return len(self._all())
+  def keys(self): return self._all().keys()
+  def values(self): return self._all().values()
+  def items(self): return self._all().items()
 
 
 def _values(d: dict, keys) -> tuple | None:
