@@ -2,8 +2,8 @@
 
 Issue 10: a small model's eager step is dominated by Python (building the graph, scheduling, launching), not by
 its kernels. The same step code runs for every contender (the libraries share the API): a nanoGPT (the faithful
-copy in tests/nanogpt_model.py, 2 layers, d 32), a VAE 784-400-20 (the PyTorch example's model and loss) and an
-MLP. "fusegrad eager" is the plain Python step, as a user writes it (its graphs' schedules are reused by
+copy in tests/nanogpt_model.py, 2 layers, d 32), a VAE 784-400-20 (the PyTorch example's model and loss), an
+MLP and the PyTorch example's MNIST convnet (batch 8, Adadelta; its dropouts draw new masks every step). "fusegrad eager" is the plain Python step, as a user writes it (its graphs' schedules are reused by
 structure and replayed automatically, engine/realize.py); "eager, no replay" turns the automatic replay off
 (`realize.no_replay()`, FUSEGRAD_EAGER_REPLAY=0) to show what it buys; "fusegrad.jit" captures the step explicitly.
 
@@ -11,7 +11,7 @@ Times are per step (forward, loss, backward, optimizer step, reading the loss as
 `--steps` steps per round, the contenders alternate for `--rounds` rounds, and each keeps its best round (the
 VM's speed drifts; interleaving compares them at the same moments). Ratios above 1 mean fusegrad is faster.
 
-    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|vae|mlp] [--gc-freeze] [--profile gpt]
+    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|vae|mlp|mnist] [--gc-freeze] [--profile gpt]
 """
 from __future__ import annotations
 import argparse
@@ -25,7 +25,7 @@ import time
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--steps", type=int, default=30, help="steps per round per contender")
 ap.add_argument("--rounds", type=int, default=5)
-ap.add_argument("--only", default=None, help="run the cases whose key (gpt, vae, mlp) contains this")
+ap.add_argument("--only", default=None, help="run the cases whose key (gpt, vae, mlp, mnist) contains this")
 ap.add_argument("--gc-freeze", action="store_true",
                 help="gc.freeze() after the warm-up (the long-lived objects of torch, numpy and the models leave the "
                      "collector's full passes; a diagnostic of what Python's garbage collector costs each library)")
@@ -160,10 +160,45 @@ def mlp_case(rng):
           fg_model_opt, ce(fg))
 
 
+def mnist_class(lib):
+  nn, F = lib.nn, lib.nn.functional
+  class Net(nn.Module):   # pytorch/examples mnist/main.py
+    def __init__(self):
+      super().__init__()
+      self.conv1 = nn.Conv2d(1, 32, 3, 1)
+      self.conv2 = nn.Conv2d(32, 64, 3, 1)
+      self.dropout1 = nn.Dropout(0.25)
+      self.dropout2 = nn.Dropout(0.5)
+      self.fc1 = nn.Linear(9216, 128)
+      self.fc2 = nn.Linear(128, 10)
+    def forward(self, x):
+      x = F.relu(self.conv1(x))
+      x = F.relu(self.conv2(x))
+      x = F.max_pool2d(x, 2)
+      x = self.dropout1(x)
+      x = lib.flatten(x, 1)
+      x = F.relu(self.fc1(x))
+      x = self.dropout2(x)
+      return F.log_softmax(self.fc2(x), dim=1)
+  return Net
+
+
+def mnist_case(rng):
+  torch.manual_seed(0)
+  th_model = mnist_class(torch)()
+  batches = [(rng.standard_normal((8, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 8)) for _ in range(4)]
+  def fg_model_opt():
+    m = mnist_class(fg)()
+    return m, fg.optim.Adadelta(m.parameters(), lr=1.0)
+  nll = lambda lib: (lambda model, x, y: lib.nn.functional.nll_loss(model(x), y))
+  return (th_model, torch.optim.Adadelta(th_model.parameters(), lr=1.0), nll(torch), batches, fg_model_opt, nll(fg))
+
+
 CASES = {
   "gpt": ("nanoGPT L2 d32 H2 T32 V65, batch 8, AdamW", gpt_case),
   "vae": ("VAE 784-400-20, batch 32, Adam", vae_case),
   "mlp": ("MLP 64-128-128-10, batch 32, SGD momentum", mlp_case),
+  "mnist": ("MNIST convnet (pytorch/examples), batch 8, Adadelta", mnist_case),
 }
 
 
