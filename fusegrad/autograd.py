@@ -668,8 +668,7 @@ def _record(key, order, grads, done, reads: int) -> None:
     leaves = [(k, grads[id(t)].node) for k, t in enumerate(order)
               if t._ctx is None and t.requires_grad and id(t) in grads]
     # a node outside the forward walk is copied (a pure function of its sources), unless it holds a value
-    entries, refs = template.record([n for _k, n in leaves], {id(n): i for i, n in enumerate(nodes)},
-                                    lambda n: True)
+    entries, refs = template.record([n for _k, n in leaves], nodes, lambda n: True)
     opos = {id(t): k for k, t in enumerate(order)}
     tpl = _Template(entries, tuple((k, r) for (k, _n), r in zip(leaves, refs)), tuple(opos[id(t)] for t, _ in done))
   except template.Untemplatable:

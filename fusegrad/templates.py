@@ -123,12 +123,7 @@ def _record(fn, args, kwargs, tensors, ext_nodes: list, cache, key, tries: int):
     if _jit.host_reads[0] != reads: raise template.Untemplatable("the function read or wrote values on the host")
     if any(t.node is not b for t, b in zip(tensors, before)): raise template.Untemplatable("an input was written")
     if any(out is t for t in tensors): raise template.Untemplatable("the result is an input")
-    ext = {}
-    for i, n in enumerate(ext_nodes): ext.setdefault(id(n), i)
-    # besides the new nodes, only a constant or iota made before the call (hash-consing found it) is made again: an
-    # input's own graph is reached only through ext
-    entries, (ref,) = template.record([out.node], ext,
-                                      lambda n: n.seq >= start or (not n.src and n.op in ("CONST", "IOTA")))
+    entries, (ref,) = template.record([out.node], ext_nodes, template.made_since(start))
     value = (entries, ref)
     stats["records"] += 1
   except template.Untemplatable:

@@ -21,12 +21,14 @@ class Untemplatable(Exception):
 MAX_ENTRIES = 1 << 17
 
 
-def record(roots: list, ext: dict, copy_old) -> tuple[tuple, tuple]:
-  """(entries, the roots' refs) for the graph below roots: `ext` maps id(node) -> its place among the external
-  nodes; any other node is an entry (a pure function of its sources) if it is unrealized and either new or one
+def record(roots: list, ext_nodes: list, copy_old) -> tuple[tuple, tuple]:
+  """(entries, the roots' refs) for the graph below roots: a node of `ext_nodes` is referred to by its (first) place
+  there; any other node is an entry (a pure function of its sources) if it is unrealized and either new or one
   `copy_old(node)` accepts; a realized node or a buffer outside ext raises Untemplatable. A ref is a place in ext
   (>= 0) or ~j for entry j. Entries are in the order their nodes were made, so the nodes made from them are in
   the same order (the scheduler's structural keys walk graphs in creation order: the same order, the same key)."""
+  ext: dict = {}
+  for i, n in enumerate(ext_nodes): ext.setdefault(id(n), i)
   seen: set = set(ext)
   nodes: list = []
   for root in roots:
@@ -45,6 +47,12 @@ def record(roots: list, ext: dict, copy_old) -> tuple[tuple, tuple]:
   for j, n in enumerate(nodes): refs[id(n)] = ~j
   entries = tuple((n.op, n.dtype, tuple(refs[id(x)] for x in n.src), n.arg, n.shape, n.device) for n in nodes)
   return entries, tuple(refs[id(r)] for r in roots)
+
+
+def made_since(start: int):
+  """record's copy_old for code run after node seq `start`: its own nodes, and a constant or iota made before (a
+  leaf hash-consing found); an input's own graph is reached only through ext."""
+  return lambda n: n.seq >= start or (not n.src and n.op in ("CONST", "IOTA"))
 
 
 def instantiate(entries: tuple, ext: list, shared: bool) -> list:

@@ -20,7 +20,7 @@ from fusegrad.templates import _inputs_key, _spec
 
 _MAX = 1024
 _templates: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
-_reads: dict = {}          # structure key -> the group and state entries updates of that structure read
+_reads: dict = {}          # structure key -> the group and state entries updates of that structure read (sorted)
 _lock = threading.Lock()
 stats = {"hits": 0, "records": 0}
 _NEVER = object()
@@ -58,7 +58,7 @@ class _Watch:
 def _values(d: dict, keys) -> tuple | None:
   """The entries keys of d by value (a tensor by its place only: its structure is keyed with the inputs)."""
   try:
-    return tuple((k, _spec(d[k], []) if k in d else ("missing",)) for k in sorted(keys, key=repr))
+    return tuple((k, _spec(d[k], []) if k in d else ("missing",)) for k in keys)
   except template.Untemplatable:
     return None
 
@@ -114,16 +114,14 @@ def _record(opt, p, grad, g, state, s, base, ext_nodes):
       i = next((i for i, (_n, _v, o) in enumerate(sets) if o is t), None)
       if i is None: raise template.Untemplatable("a state the update returns was not set through _set_state")
       out_states.append(i)
-    ext = {}
-    for i, n in enumerate(ext_nodes): ext.setdefault(id(n), i)
-    entries, refs = template.record([new.node] + [v for _n, v, _o in sets], ext,
-                                    lambda n: n.seq >= start or (not n.src and n.op in ("CONST", "IOTA")))
+    entries, refs = template.record([new.node] + [v for _n, v, _o in sets], ext_nodes, template.made_since(start))
     # the entries read before the update (an entry it sets, read after, is its own value)
     reads_g, reads_s = frozenset(gw.read), frozenset(sw.read)
     with _lock:
       old = _reads.get(base)
       if old is None and len(_reads) >= _MAX: _reads.clear()   # (bounded: the templates it led to stay valid)
-      _reads[base] = (reads_g | old[0], reads_s | old[1]) if old else (reads_g, reads_s)
+      if old: reads_g, reads_s = reads_g | set(old[0]), reads_s | set(old[1])
+      _reads[base] = (tuple(sorted(reads_g, key=repr)), tuple(sorted(reads_s, key=repr)))   # sorted once, here
     gv, sv = _values(g, _reads[base][0]), _values(before, _reads[base][1])
     if gv is None or sv is None: raise template.Untemplatable("a group or state entry is no plain value")
     value = (entries, refs[0], tuple((n, r) for (n, _v, _o), r in zip(sets, refs[1:])), tuple(out_states))
