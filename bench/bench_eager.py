@@ -11,7 +11,7 @@ Times are per step (forward, loss, backward, optimizer step, reading the loss as
 `--steps` steps per round, the contenders alternate for `--rounds` rounds, and each keeps its best round (the
 VM's speed drifts; interleaving compares them at the same moments). Ratios above 1 mean fusegrad is faster.
 
-    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|vae|mlp|mnist] [--gc-freeze] [--profile gpt]
+    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|vae|mlp|mnist|resnet] [--gc-freeze] [--profile gpt]
 """
 from __future__ import annotations
 import argparse
@@ -25,7 +25,7 @@ import time
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--steps", type=int, default=30, help="steps per round per contender")
 ap.add_argument("--rounds", type=int, default=5)
-ap.add_argument("--only", default=None, help="run the cases whose key (gpt, vae, mlp, mnist) contains this")
+ap.add_argument("--only", default=None, help="run the cases whose key (gpt, vae, mlp, mnist, resnet) contains this")
 ap.add_argument("--gc-freeze", action="store_true",
                 help="gc.freeze() after the warm-up (the long-lived objects of torch, numpy and the models leave the "
                      "collector's full passes; a diagnostic of what Python's garbage collector costs each library)")
@@ -194,11 +194,75 @@ def mnist_case(rng):
   return (th_model, torch.optim.Adadelta(th_model.parameters(), lr=1.0), nll(torch), batches, fg_model_opt, nll(fg))
 
 
+def resnet_class(lib):
+  nn = lib.nn
+  def conv3x3(cin, cout, stride=1): return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+  class BasicBlock(nn.Module):   # torchvision/models/resnet.py
+    expansion = 1
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+      super().__init__()
+      self.conv1 = conv3x3(inplanes, planes, stride)
+      self.bn1 = nn.BatchNorm2d(planes)
+      self.relu = nn.ReLU(inplace=True)
+      self.conv2 = conv3x3(planes, planes)
+      self.bn2 = nn.BatchNorm2d(planes)
+      self.downsample = downsample
+      self.stride = stride
+    def forward(self, x):
+      identity = x
+      out = self.relu(self.bn1(self.conv1(x)))
+      out = self.bn2(self.conv2(out))
+      if self.downsample is not None: identity = self.downsample(x)
+      out += identity
+      return self.relu(out)
+  class ResNet(nn.Module):
+    def __init__(self, layers=(2, 2, 2, 2), num_classes=1000):
+      super().__init__()
+      self.inplanes = 64
+      self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
+      self.bn1 = nn.BatchNorm2d(64)
+      self.relu = nn.ReLU(inplace=True)
+      self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+      self.layer1 = self._make_layer(64, layers[0])
+      self.layer2 = self._make_layer(128, layers[1], stride=2)
+      self.layer3 = self._make_layer(256, layers[2], stride=2)
+      self.layer4 = self._make_layer(512, layers[3], stride=2)
+      self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+      self.fc = nn.Linear(512, num_classes)
+    def _make_layer(self, planes, blocks, stride=1):
+      downsample = None
+      if stride != 1 or self.inplanes != planes:
+        downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes))
+      layers = [BasicBlock(self.inplanes, planes, stride, downsample)]
+      self.inplanes = planes
+      layers += [BasicBlock(self.inplanes, planes) for _ in range(1, blocks)]
+      return nn.Sequential(*layers)
+    def forward(self, x):
+      x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+      x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+      x = lib.flatten(self.avgpool(x), 1)
+      return self.fc(x)
+  return ResNet
+
+
+def resnet_case(rng):
+  torch.manual_seed(0)
+  th_model = resnet_class(torch)()
+  batches = [(rng.standard_normal((8, 3, 32, 32), dtype=np.float32), rng.integers(0, 1000, 8)) for _ in range(4)]
+  def fg_model_opt():
+    m = resnet_class(fg)()
+    return m, fg.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+  ce = lambda lib: (lambda model, x, y: lib.nn.functional.cross_entropy(model(x), y))
+  return (th_model, torch.optim.SGD(th_model.parameters(), lr=0.01, momentum=0.9), ce(torch), batches,
+          fg_model_opt, ce(fg))
+
+
 CASES = {
   "gpt": ("nanoGPT L2 d32 H2 T32 V65, batch 8, AdamW", gpt_case),
   "vae": ("VAE 784-400-20, batch 32, Adam", vae_case),
   "mlp": ("MLP 64-128-128-10, batch 32, SGD momentum", mlp_case),
   "mnist": ("MNIST convnet (pytorch/examples), batch 8, Adadelta", mnist_case),
+  "resnet": ("ResNet-18 (torchvision), 8x3x32x32, SGD momentum", resnet_case),
 }
 
 

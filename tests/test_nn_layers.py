@@ -328,6 +328,35 @@ def test_batchnorm_steps(cls, shape, kw, device, rng):
   for k, v in ours.state_dict().items(): np.testing.assert_array_equal(v.numpy(), before[k], err_msg=k)
 
 
+def test_batchnorm_stats_realized_with_the_step(rng):
+  """A training step with BatchNorm is one realize: the optimizer's computes the new running statistics with the
+  parameters (engine/realize.later), so the next forward has nothing pending; the statistics match torch's."""
+  from fusegrad.engine import realize as er
+  build = lambda L: L.Sequential(L.Conv2d(2, 4, 3, padding=1), L.BatchNorm2d(4), L.ReLU(), L.Flatten(), L.Linear(64, 3))
+  ours = build(fnn)
+  randomize(ours, rng, "CPU")
+  theirs = twin(ours, build)
+  opt, topt = fg.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9), torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+  calls, orig = [], er.realize
+  er.realize = lambda *n: (calls.append(len(n)), orig(*n))[1]
+  try:
+    for step in range(3):
+      x = draw(rng, (5, 2, 4, 4)) * 3 + 2
+      opt.zero_grad(); topt.zero_grad()
+      ours(fg.tensor(x)).square().sum().backward()
+      theirs(torch.tensor(x, dtype=torch.float64)).square().sum().backward()
+      calls.clear()
+      opt.step(); topt.step()
+      assert len(calls) == 1, calls                       # parameters, momenta and statistics in one schedule
+      bn = ours[1]
+      for t in (bn.running_mean, bn.running_var, bn.num_batches_tracked):   # nothing left pending (a count may fold)
+        assert t.node.realized or t.node.op == "CONST", t.node
+      close(bn.running_mean, theirs[1].running_mean, f"step {step}: running_mean")
+      close(bn.running_var, theirs[1].running_var, f"step {step}: running_var")
+      assert bn.num_batches_tracked.item() == step + 1
+  finally:
+    er.realize = orig
+
 def test_batchnorm_errors():
   with pytest.raises(ValueError):
     fnn.BatchNorm2d(3)(fg.zeros(2, 3, 4))       # torch: ValueError, expected 4D input

@@ -15,6 +15,7 @@ afresh. The slow path still runs while a jit capture records or a tracker times 
 from __future__ import annotations
 import contextlib
 import time
+import weakref
 from fusegrad import config
 from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
@@ -39,8 +40,31 @@ def no_replay():
     REPLAY = old
 
 
+# tensors to realize with the next realize (`later`): id -> weak reference
+_later: dict = {}
+
+
+def later(*tensors) -> None:
+  """Compute these tensors' pending values with the next realize, whatever it realizes: a module's buffers that a
+  forward pass writes lazily (BatchNorm's running statistics) are computed in the training step's one schedule
+  (the optimizer's realize), with the kernels that compute what they read, instead of at the next forward in a
+  realize of their own, which would keep the last step's graph alive until then."""
+  for t in tensors: _later[id(t)] = weakref.ref(t)
+
+
+def _pending() -> list[Node]:
+  """The unrealized nodes of the tensors `later` was given (then forgotten)."""
+  out = []
+  for r in list(_later.values()):
+    t = r()
+    if t is not None and t.node.buffer is None and t.node.op not in ("BUFFER", "CONST"): out.append(t.node)
+  _later.clear()
+  return out
+
+
 def realize(*nodes: Node) -> None:
   fast = REPLAY and jit.recorder() is None and not track.wants_timing()
+  if _later: nodes = nodes + tuple(n for n in _pending() if not any(n is m for m in nodes))
   with sched.lock:
     items, entry, walked = sched.schedule(list(nodes))
     plan = entry.plan if entry is not None else None

@@ -5,6 +5,7 @@ import fusegrad as fg
 from fusegrad.tensor import Tensor
 from fusegrad.nn import functional as F, init
 from fusegrad.nn.module import Module, Parameter
+from fusegrad.engine.realize import later as realize_later
 
 
 def _empty(*shape, device=None, dtype=None) -> Parameter:
@@ -224,8 +225,11 @@ class _BatchNorm(Module):
         self.num_batches_tracked += 1
         if self.momentum is None: momentum = 1.0 / self.num_batches_tracked.float()   # cumulative average, lazily
     stats = track or not use_batch
-    return F.batch_norm(input, self.running_mean if stats else None, self.running_var if stats else None,
-                        self.weight, self.bias, use_batch, momentum, self.eps)
+    y = F.batch_norm(input, self.running_mean if stats else None, self.running_var if stats else None,
+                     self.weight, self.bias, use_batch, momentum, self.eps)
+    # the new statistics are computed with whatever is realized next (the training step), not at the next forward
+    if track: realize_later(self.running_mean, self.running_var, self.num_batches_tracked)
+    return y
 
   def extra_repr(self) -> str:
     return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "

@@ -46,6 +46,9 @@ SLICE_NS = 50_000_000
 ALIGN = 64
 
 
+_BLOCK_TYPES: dict = {}
+
+
 class LoadError(RuntimeError):
   """A compiled kernel library could not be loaded (dlopen failed): the message says why."""
 
@@ -265,7 +268,11 @@ class CPUDevice(Device):
       parts.append(1 if n < 2 or kernel.cost < small else
                    min(n, MAX_PARTS, max(threads * CHUNKS_PER_THREAD, kernel.cost // CHUNK_WORK)))
     c = count
-    block = (ctypes.c_int64 * (4 * c + len(addrs)))()
+    size = 4 * c + len(addrs)
+    block_t = _BLOCK_TYPES.get(size)
+    if block_t is None:   # one ctypes array type per length: a type is a cycle only a full collection frees
+      block_t = _BLOCK_TYPES[size] = ctypes.c_int64 * size
+    block = block_t()
     base = ctypes.addressof(block)
     flat = base + 8 * 4 * c
     block[0:c], block[c:2 * c], block[2 * c:3 * c] = entries, sizes, parts
