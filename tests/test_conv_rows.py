@@ -123,4 +123,7 @@ def test_double_backward_matches_torch(rng):
   ((rgx * rgx).sum() + (rgw * rgw).sum()).backward()
   np.testing.assert_allclose(gw.detach().numpy(), rgw.detach().numpy(), rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(x.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
-  np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-3)
+  # tw.grad sums terms of up to ~1e5 that cancel: float32 reassociation moves an element by ~1e-6 of the largest
+  # (seeds 8 and 3546792562: 0.08 and 0.05 from float64, torch 0.04 and 0.03)
+  np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4,
+                             atol=max(1e-3, 2e-6 * float(np.abs(rw.grad.numpy()).max())))

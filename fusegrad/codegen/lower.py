@@ -29,7 +29,8 @@ from fusegrad.graph import symbolic as sym, dims
 from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod, contiguous_strides
 from fusegrad.codegen.ir import (Gather, Load, Const, Param, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, Axis, AxisKind,
-                                 toposort, dependencies, round16, is_round16, guard, arg_vars, EXACT_OPS)
+                                 toposort, dependencies, round16, is_round16, guard, arg_vars, EXACT_OPS, substitute,
+                                 substitute_kernel)
 
 # transcendental functions cost several ALU ops (a polynomial, or a libm call)
 _OP_COST = {op: 4 for op in ("EXP", "LOG", "SIN", "COS", "TAN", "TANH", "ERF", "ATAN", "ATAN2")}
@@ -205,12 +206,14 @@ class _Builder:
     if flat.const: flat = flat - flat.const + self.residual_param(flat.const)
     return Load(self.buf(n), flat, valid, n.dtype)
 
-  def operands(self, col: sym.Var) -> list:
+  def operands(self, col: sym.Var, merged: dict | None = None) -> list:
     """The broadcast operands of a register-tiled reduction (a matmul's a and b) whose tile's column axis is `col`:
     (source node, its value varies along col, it is more than stride-1 loads along col, elements it is broadcast
-    to), for the schedule's rule on operands recomputed per block (schedule/rules.tile_operands)."""
+    to), for the schedule's rule on operands recomputed per block (schedule/rules.tile_operands). `merged`: the
+    output variables the built kernel merged (merge_axes), as expressions over its own."""
     out = []
     for src, val, bcast in self.broadcasts:
+      if merged: val = substitute([val], merged)[0]
       along = col in dependencies([val])[id(val)]
       strided = False
       if along:
@@ -331,7 +334,10 @@ class Fusion:
     self.parallel, self.full = _extent(gset), _extent(out_vars)
     self.inner = [(n, _extent(deps[id(r)] & out_vars)) for n, r in reduces if not any(n is o for o in outputs)]
 
-  def operands(self, col: sym.Var) -> list: return self.b.operands(col)
+  # the output variables the built kernel merged (build: merge_axes), as expressions over the kernel's own
+  merged: dict = {}
+
+  def operands(self, col: sym.Var) -> list: return self.b.operands(col, self.merged)
 
 
 def _extent(vs) -> int: return prod(v.hi + 1 for v in vs)
@@ -373,9 +379,46 @@ def build(f: Fusion) -> tuple[Kernel, list[Node]]:
   k = Kernel(name, bufs, tuple(axes), stores, flops, cost=weighted + sum(b.size for b in bufs),
              params=tuple(dt.int64 if n is None or type(n) is DimOf or n.op == "VIEW" else n.dtype for n in b.params),
              example=tuple(b.residuals[i] if n is None else param_value(n) for i, n in enumerate(b.params)))
+  k, f.merged = merge_axes(k)
   # a runtime-sized dim computes nothing past its size (its loop also ends there: Axis.end)
   for v, end in ends.items(): k = guard(k, v, sym.Cond.range(sym.lin(v) - end, sym.bounds(sym.lin(v) - end)[0], 0))
   return replace(k, arg_vars=arg_vars(k)), b.inputs
+
+
+def merge_axes(k: Kernel) -> tuple[Kernel, dict]:
+  """k with each pair of neighbouring output axes of one kind (GLOBAL or LOOP) that every index and condition reads
+  as one position (a*size(b) + b, up to a common factor: contiguous in every buffer that moves along them, a
+  reshape's dims) merged into one axis, and {old variable: expression over the merged one}. The optimizer then sees
+  the output as the memory holds it: a reduction stored through a reshape ([8, 9216] as [8, 64, 12, 12], a Linear
+  layer's input gradient shaped as the pooled activation) has a column axis a register tile's vectors divide, and an
+  index needs no division back into dims. Axes of a runtime size are left alone."""
+  env: dict = {}
+  i = 0
+  while i + 1 < len(k.axes):
+    a, b = k.axes[i], k.axes[i + 1]
+    if a.kind is b.kind and a.kind in (AxisKind.GLOBAL, AxisKind.LOOP) and a.end is None and b.end is None:
+      v = sym.Var(a.var.name, 0, a.size * b.size - 1)
+      step = {a.var: sym.div(v, b.size), b.var: sym.mod(v, b.size)}
+      merged = substitute_kernel(k, step, axes=k.axes[:i] + (Axis(v, a.kind),) + k.axes[i + 2:])
+      if _reads_linearly(merged, v):
+        env = {x: sym.substitute(e, step) for x, e in env.items()}
+        env.update(step)
+        k = merged
+        continue
+    i += 1
+  return k, env
+
+
+def _reads_linearly(k: Kernel, v: sym.Var) -> bool:
+  """Is v in no floor division or modulo of any index or condition of k (only ever coefficient * v)?"""
+  def linear(x) -> bool:
+    return not any(not isinstance(a, sym.Var) and v in sym.variables(a) for a, _ in sym.lin(x).terms)
+  def cond(c) -> bool: return all(linear(x) for x, _, _ in c.parts)
+  if not all(linear(st.idx) and cond(st.valid) for st in k.stores): return False
+  for x in toposort([st.value for st in k.stores]):
+    if isinstance(x, (Load, Index)) and not (linear(x.idx) and cond(x.valid)): return False
+    if isinstance(x, Valid) and not cond(x.cond): return False
+  return True
 
 
 def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:

@@ -204,6 +204,38 @@ def test_heuristic_no_scalar_tile_over_strided_columns(rng):
   _close(run(item, tuple(heuristic.hand_coded(item.kernel, _avx512(rd.get("PYTHON").caps)))), q @ kk.T)
 
 
+def test_contiguous_output_axes_merge_before_tiling(rng):
+  """A matmul stored through a reshape ([8, 576] as [8, 4, 12, 12]: a Linear layer's input gradient shaped as the
+  activation it flattened) has output axes that every index reads as one position: lowering merges them
+  (codegen/lower.merge_axes), so the register tile finds its columns on the merged axis (with the innermost axis of
+  12 it found none and ran scalar: 13 ms of the MNIST convnet's step). Axes a read divides stay apart: a permuted
+  read's, a strided window's."""
+  g, w = rng.standard_normal((8, 32)).astype(np.float32), rng.standard_normal((32, 576)).astype(np.float32)
+  item = one_kernel((fg.Tensor(g) @ fg.Tensor(w)).reshape(8, 4, 12, 12))
+  k = item.kernel
+  assert k.name == "r_8_4_12_12"
+  assert [(a.kind, a.size) for a in k.axes] == [(K.GLOBAL, 8), (K.GLOBAL, 576), (K.REDUCE, 32)]
+  caps = _avx512(rd.get("PYTHON").caps)
+  opts = heuristic.hand_coded(k, caps)
+  kk, cols = k, []
+  for o in opts:
+    if o.op is OptOp.UPCAST and kk.axes[o.axis].size == 576: cols.append(o.arg)
+    kk = apply_opt(kk, o, caps)
+  assert cols == [heuristic.tile_lanes(caps)], opts   # the tile's column vectors on the merged axis
+  assert sum(a.kind is K.UPCAST for a in kk.axes) >= 2, opts   # ...and a block of rows
+  _close(run(item, tuple(opts)), (g @ w).reshape(8, 4, 12, 12))
+  # a store in another order than the load: only the dims both keep in order merge ([8, 12, 12, 4] -> [8, 144, 4])
+  x = rng.standard_normal((8, 4, 12, 12)).astype(np.float32)
+  item = one_kernel(fg.Tensor(x).permute(0, 2, 3, 1) * 2)
+  assert [a.size for a in item.kernel.axes] == [8, 144, 4]
+  _close(run(item, ()), x.transpose(0, 2, 3, 1) * 2)
+  # every other row and column: batch, channels and rows step through memory in one stride pattern (576 = 4 * 144,
+  # 144 = 6 * 24) and merge; the columns (stride 2, rows 24 apart) stay an axis of their own
+  item = one_kernel(fg.Tensor(x)[:, :, ::2, ::2] * 2)
+  assert [a.size for a in item.kernel.axes] == [192, 6]
+  _close(run(item, ()), x[:, :, ::2, ::2] * 2)
+
+
 def test_heuristic_loops_an_elementwise_axis_without_vectors(rng):
   """An elementwise kernel with values the vector path does not take (sin) runs its innermost axis as a loop in
   each work item (a stride-1 loop for the C compiler, not one flat index divided back into axes)."""
