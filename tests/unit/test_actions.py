@@ -236,6 +236,28 @@ def test_contiguous_output_axes_merge_before_tiling(rng):
   _close(run(item, ()), x[:, :, ::2, ::2] * 2)
 
 
+def test_heuristic_unrolls_small_reductions_and_loops_their_outputs(rng):
+  """A reduction kernel whose reductions are all small and that no register tile fits (a 2x2 max-pool: the window's
+  max, its first argmax and the value picked, 4 elements each): each reduction is unrolled whole (UNROLL) and the
+  innermost output axes run as loops in each work item (LOOP, nested up to INNER_LOOP_MIN indices), so no loop of 4
+  steps runs around every output and no flat index is divided back into the axes (the MNIST convnet's pool kernels,
+  0.75 -> 0.16 ms). Its input is read as a row convolution leaves it (nn/functional._conv_rows: rows of 26, planes
+  of 640), so the pooled rows and columns stay two axes. Values match torch on the interpreter and compiled."""
+  import torch
+  flat = rng.standard_normal((8, 16, 640)).astype(np.float32)
+  x = flat[:, :, :624].reshape(8, 16, 24, 26)[..., :24]
+  item = one_kernel(fg.nn.functional.max_pool2d(fg.Tensor(flat)[:, :, :624].reshape(8, 16, 24, 26)[..., :24], 2))
+  assert [(a.kind, a.size) for a in item.kernel.axes][:3] == [(K.GLOBAL, 128), (K.GLOBAL, 12), (K.GLOBAL, 12)]
+  caps = _avx512(rd.get("PYTHON").caps)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  k = apply_opts(item.kernel, opts, caps)
+  assert not k.of_kind(K.REDUCE) and len(k.of_kind(K.UNROLL)) == len(item.kernel.of_kind(K.REDUCE)), opts
+  assert [(a.kind, a.size) for a in k.axes if a.kind is not K.UNROLL] == [(K.GLOBAL, 128), (K.LOOP, 12), (K.LOOP, 12)]
+  want = torch.nn.functional.max_pool2d(torch.tensor(np.ascontiguousarray(x)), 2).numpy()
+  np.testing.assert_array_equal(run(item, tuple(opts)), want)
+  np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), want)
+
+
 def test_heuristic_loops_an_elementwise_axis_without_vectors(rng):
   """An elementwise kernel with values the vector path does not take (sin) runs its innermost axis as a loop in
   each work item (a stride-1 loop for the C compiler, not one flat index divided back into axes)."""

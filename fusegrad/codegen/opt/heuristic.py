@@ -8,6 +8,8 @@ kernel and the device's capabilities (renderer/base.Caps).
 - Reduction lanes: otherwise a reduction whose innermost axis divides evenly keeps REDUCE_LANES partial
   accumulators, folded at the end (a kernel's only reduction of vector ops: VECTOR_ACCUMULATORS vectors of the
   machine's native width).
+- Small reductions: a kernel whose reductions each fold at most UNROLL_MAX elements (a pooling window) has them
+  unrolled whole and its innermost output axes as loops in each work item (LOOP).
 - Elementwise kernels of vector ops run their innermost axis in the widest vector that divides it; others run it
   as a loop in each work item (LOOP), which the C compiler vectorizes.
 - GPUs (caps with local memory and no preference for blocking): `_work_groups` below (work-groups, a kernel's
@@ -52,6 +54,8 @@ ROW_PAD_WASTE = 1 / 16
 SPARE_REGISTERS = 4
 # an elementwise kernel without vector values runs an innermost axis of at least this many indices as a loop
 INNER_LOOP_MIN = 16
+# a reduction of at most this many elements per output (a pooling window) is unrolled whole
+UNROLL_MAX = 16
 
 
 def tile_lanes(caps: Caps | None) -> int:
@@ -213,6 +217,15 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       # plain stride-1 loop the C compiler vectorizes, instead of one flat index divided back into the axes
       do(OptOp.LOOP, g, g.hi + 1)
     return opts
+  if not k.of_kind(K.LOOP) and all(_extent(r.loops) <= UNROLL_MAX for r in reduces):
+    # only small reductions (a pooling window, its argmax): each unrolled whole, straight-line code instead of a loop
+    # of a few steps around every output, and the innermost output axes as loops in each work item (_inner_loops), so
+    # the index arithmetic is additions, not one flat index divided back into every axis (the MNIST convnet's 2x2
+    # max-pool: 0.75 -> 0.16 ms)
+    for a in k.of_kind(K.REDUCE):
+      if a.size > 1: do(OptOp.UNROLL, a.var, a.size)
+    for a in _inner_loops(k): do(OptOp.LOOP, a.var, a.size)
+    return opts
   w = caps.native_lanes if caps.native_lanes in caps.vector_widths else 0
   done = set()
   for r in reduces:
@@ -241,6 +254,23 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       k = kv
       opts.append(kv.opts[-1])
   return opts
+
+
+def _extent(vs) -> int:
+  n = 1
+  for v in vs: n *= v.hi + 1
+  return n
+
+
+def _inner_loops(k: Kernel) -> list:
+  """The innermost GLOBAL axes (never the first), innermost first, that make loops of at least INNER_LOOP_MIN indices
+  in each work item while MIN_PARALLEL work items remain; [] when they do not reach INNER_LOOP_MIN."""
+  gl, inner, loops = k.of_kind(K.GLOBAL), 1, []
+  for a in reversed(gl[1:]):
+    if inner >= INNER_LOOP_MIN or k.groups // (inner * a.size) < MIN_PARALLEL: break
+    loops.append(a)
+    inner *= a.size
+  return loops if inner >= INNER_LOOP_MIN else []
 
 
 def dot_tile(k: Kernel, caps: Caps) -> list:
