@@ -127,3 +127,43 @@ def test_double_backward_matches_torch(rng):
   # (seeds 8 and 3546792562: 0.08 and 0.05 from float64, torch 0.04 and 0.03)
   np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4,
                              atol=max(1e-3, 2e-6 * float(np.abs(rw.grad.numpy()).max())))
+
+
+IM2COL = [
+  # (input shape, weight shape, stride, padding, dilation, groups): what the row path does not take, big enough
+  ((2, 32, 8, 8), (32, 32, 3, 3), 1, 1, 1, 1),      # a small map (whole padded rows would waste 50%)
+  ((2, 16, 16, 16), (64, 16, 3, 3), 2, 1, 1, 1),    # strided
+  ((2, 3, 32, 32), (64, 3, 7, 7), 2, 3, 1, 1),      # a ResNet's stem
+  ((2, 32, 8, 8), (64, 16, 3, 3), 1, 2, 2, 2),      # grouped, dilated
+  ((2, 512, 1, 1), (512, 512, 3, 3), 1, 1, 1, 1),   # a 1x1 map: only the centre tap reads data
+  ((2, 6, 9, 7, 7), (64, 6, 3, 3, 3), 2, 1, 1, 1),  # 3-d, strided
+]
+
+
+@pytest.mark.parametrize("case", range(len(IM2COL)))
+def test_im2col_values_gradients_and_kernels(case, rng):
+  """Convolutions the row path leaves (strided, small maps) store their windows as rows and run as a matmul
+  (nn/functional._conv_im2col): values and gradients as PyTorch's, and forward the kernels of that plan (the windows,
+  the weights packed where the matmul's rule packs them, the tiled matmul, the channels-first copy with the bias)
+  instead of one reduction reading padded windows in place."""
+  xs, ws, stride, pad, dil, groups = IM2COL[case]
+  a = rng.standard_normal(xs).astype(np.float32)
+  w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+  b = rng.standard_normal(ws[0]).astype(np.float32)
+  conv = {4: (F.conv2d, torch.nn.functional.conv2d), 5: (F.conv3d, torch.nn.functional.conv3d)}[len(xs)]
+  x, tw, tb = (fg.Tensor(v, requires_grad=True) for v in (a, w, b))
+  fg.realize(x, tw, tb)
+  with fg.track() as t:
+    y = conv[0](x, tw, tb, stride=stride, padding=pad, dilation=dil, groups=groups).realize()
+  assert len(t.kernels) in (3, 4), [k.name for k in t.kernels]
+  mm = [k for k in t.kernels if k.name.startswith("r_")]
+  assert len(mm) == 1 and any(o.op.name == "UPCAST" for o in mm[0].opts), mm   # one matmul, tiled
+  g = rng.standard_normal(y.shape).astype(np.float32)
+  (y * fg.Tensor(g)).sum().backward()
+  ta, tw2, tb2 = (torch.tensor(v.astype(np.float64), requires_grad=True) for v in (a, w, b))
+  ty = conv[1](ta, tw2, tb2, stride=stride, padding=pad, dilation=dil, groups=groups)
+  (ty * torch.tensor(g.astype(np.float64))).sum().backward()
+  assert y.shape == tuple(ty.shape) and y.dtype == fg.float32
+  for got, want in ((y, ty), (x.grad, ta.grad), (tw.grad, tw2.grad), (tb.grad, tb2.grad)):
+    want = want.detach().numpy()
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))

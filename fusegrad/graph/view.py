@@ -112,17 +112,30 @@ class View(NamedTuple):
     if prod(self.shape) == 0: return View.contiguous(shape)
     if self.is_contiguous: return View.contiguous(shape)
     if self.mask is not None:
-      # only inserting or removing size-1 dims keeps a mask expressible per dim
-      if [s for s in self.shape if s != 1] != [s for s in shape if s != 1]: return None
+      # a mask stays expressible per dim when every masked dim keeps its size as one new dim; the dims it leaves
+      # whole merge and split as an unmasked view's (a padded map's batch and channel dims into one: a window view
+      # over it then indexes by strides, not by a flat position divided back into dims)
       if any(m != (0, 1) for s, m in zip(self.shape, self.mask) if s == 1): return None
-      kept = [(st, m) for s, st, m in zip(self.shape, self.strides, self.mask) if s != 1]
-      it = iter(kept)
-      strides, mask = [], []
+      groups = []  # [size, innermost stride, mask (None: whole)]
+      for s, st, m in zip(self.shape, self.strides, self.mask):
+        if s == 1: continue
+        whole = m == (0, s)
+        if whole and groups and groups[-1][2] is None and groups[-1][1] == st * s:
+          groups[-1] = [groups[-1][0] * s, st, None]
+        else: groups.append([s, st, None if whole else m])
+      strides, mask, gi = [], [], 0
       for s in shape:
-        if s == 1: strides.append(0); mask.append((0, 1))
-        else:
-          st, m = next(it)
-          strides.append(st); mask.append(m)
+        if s == 1: strides.append(0); mask.append((0, 1)); continue
+        while gi < len(groups) and groups[gi][0] == 1: gi += 1
+        if gi >= len(groups) or groups[gi][0] % s: return None
+        g = groups[gi]
+        if g[2] is not None:   # a masked dim: kept whole
+          if g[0] != s: return None
+          strides.append(g[1]); mask.append(g[2])
+          g[0] = 1
+          continue
+        g[0] //= s
+        strides.append(g[1] * g[0]); mask.append((0, s))
       return self._canonical(shape, strides, self.offset, mask)
     # merge old dims into groups that are contiguous with each other, then split groups into new dims
     groups = []  # [size, innermost stride]

@@ -145,6 +145,7 @@ def _convnd(input: Tensor, weight: Tensor, bias, stride, padding, dilation, grou
                          f"Kernel size can't be greater than actual input size")
   G, Og = groups, O // groups
   rows = _conv_rows(xp, weight, bias, ks, stride, dilation, G)
+  if rows is None: rows = _conv_im2col(xp, weight, bias, ks, stride, dilation, G)
   if rows is not None: return rows.squeeze(0) if unbatched else rows
   cols = _unfold(xp, ks, stride, dilation)                    # [N, C, *out, *ks]
   out = cols.shape[2:2 + nd]
@@ -195,6 +196,41 @@ def _conv_rows(xp: Tensor, weight: Tensor, bias, ks: tuple, stride: tuple, dilat
   rows = -(-padded // cs[0])
   y = y.pad((0, rows * cs[0] - padded)).reshape(N, O, rows, *sp[1:])
   return y[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]
+
+
+# a convolution the row path does not take stores its windows as a matrix (im2col) while that holds at most this
+# many elements
+IM2COL_MAX = 1 << 24
+# ...and it has at least this many multiply-adds (below, one kernel reading the windows in place beats three launches)
+IM2COL_MIN_WORK = 1 << 20
+
+
+def _conv_im2col(xp: Tensor, weight: Tensor, bias, ks: tuple, stride: tuple, dilation: tuple, G: int):
+  """A convolution as a matmul of its windows stored as rows (im2col: [N * positions, Cg * prod(ks)] per group) by
+  the weights transposed, or None (a 1x1 stride-1 convolution is a matmul in place; windows too large to store keep
+  the window path). It serves what the row path does not take: strided convolutions, and small maps (a ResNet's
+  8x8 .. 1x1 layers, where whole padded rows would waste most of the work). Read in place through the window view,
+  such a reduction has padding conditions in its loads and output axes no vector divides (8x8 3x3 64->64 batch 8:
+  24 ms of kernels); stored, it is a plain matmul, and so are both its gradients (windows' = g @ w, weights' =
+  g.T @ windows: a register tile each, the operands packed by the matmul's rules). The copy costs prod(ks) times
+  the input, once; a small convolution (under IM2COL_MIN_WORK) stays one kernel. The product is stored as the matmul makes it ([N * positions, O], channels in vector lanes),
+  then copied channels-first ([N, O, *out]), which batch norms, activations and the next layer's windows read
+  with plain indices (through the transposing view, their indices divided every position back into dims)."""
+  nd = len(ks)
+  if builtins.all(k == 1 for k in ks) and builtins.all(s == 1 for s in stride): return None
+  N, C = xp.shape[:2]
+  O, Cg = weight.shape[:2]
+  out = [(s - d * (k - 1) - 1) // st + 1 for s, k, st, d in zip(xp.shape[2:], ks, stride, dilation)]
+  P, K, Og = math.prod(out), Cg * math.prod(ks), O // G
+  if N * P * C * math.prod(ks) > IM2COL_MAX or N * P * O * K < IM2COL_MIN_WORK: return None
+  cols = _unfold(xp, ks, stride, dilation).reshape(N, G, Cg, *out, *ks)           # [N, G, Cg, *out, *ks]
+  cols = cols.permute(1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))     # [G, N, *out, Cg, *ks]
+  cols = cols.reshape(G, N * P, K).contiguous()
+  wt = weight.reshape(G, Og, K).transpose(1, 2)                                    # [G, K, Og]
+  y = ((cols[0] @ wt[0]).unsqueeze(0) if G == 1 else cols @ wt).contiguous()      # [G, N * P, Og]
+  y = y.reshape(G, N, *out, Og).permute(1, 0, nd + 2, *range(2, 2 + nd)).reshape(N, O, *out)
+  if bias is not None: y = y + bias.reshape(1, O, *(1,) * nd)
+  return y.contiguous()
 
 
 def rows_matmul(flat: Tensor, weight: Tensor, N: int, G: int, ks: tuple, steps: tuple, length: int) -> Tensor:

@@ -212,10 +212,12 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
              None)
     kv = _in_vectors(k, g, w, caps) if w is not None else None
     if kv is not None: opts.append(kv.opts[-1])
-    elif len(k.of_kind(K.GLOBAL)) >= 2 and g.hi + 1 >= INNER_LOOP_MIN and k.groups // (g.hi + 1) >= MIN_PARALLEL:
-      # no vector values (a transcendental function, a gather): the innermost axis as a loop in each work item, a
-      # plain stride-1 loop the C compiler vectorizes, instead of one flat index divided back into the axes
-      do(OptOp.LOOP, g, g.hi + 1)
+    else:
+      # no vector values (a transcendental function, a gather, a copy into windows): the innermost axes as loops in
+      # each work item, nested, until they hold INNER_LOOP_MIN indices (a plain stride-1 loop the C compiler
+      # vectorizes, or an im2col copy's [.., Cg, 3, 3] block: index arithmetic by additions) instead of one flat
+      # index divided back into every axis (64-bit divisions cost tens of cycles each: 7 ms for a 1.2 MB copy)
+      for a in _inner_loops(k): do(OptOp.LOOP, a.var, a.size)
     return opts
   if not k.of_kind(K.LOOP) and all(_extent(r.loops) <= UNROLL_MAX for r in reduces):
     # only small reductions (a pooling window, its argmax): each unrolled whole, straight-line code instead of a loop
