@@ -387,38 +387,42 @@ def build(f: Fusion) -> tuple[Kernel, list[Node]]:
 
 def merge_axes(k: Kernel) -> tuple[Kernel, dict]:
   """k with each pair of neighbouring output axes of one kind (GLOBAL or LOOP) that every index and condition reads
-  as one position (a*size(b) + b, up to a common factor: contiguous in every buffer that moves along them, a
-  reshape's dims) merged into one axis, and {old variable: expression over the merged one}. The optimizer then sees
-  the output as the memory holds it: a reduction stored through a reshape ([8, 9216] as [8, 64, 12, 12], a Linear
-  layer's input gradient shaped as the pooled activation) has a column axis a register tile's vectors divide, and an
-  index needs no division back into dims. Axes of a runtime size are left alone."""
-  env: dict = {}
-  i = 0
-  while i + 1 < len(k.axes):
-    a, b = k.axes[i], k.axes[i + 1]
-    if a.kind is b.kind and a.kind in (AxisKind.GLOBAL, AxisKind.LOOP) and a.end is None and b.end is None:
-      v = sym.Var(a.var.name, 0, a.size * b.size - 1)
-      step = {a.var: sym.div(v, b.size), b.var: sym.mod(v, b.size)}
-      merged = substitute_kernel(k, step, axes=k.axes[:i] + (Axis(v, a.kind),) + k.axes[i + 2:])
-      if _reads_linearly(merged, v):
-        env = {x: sym.substitute(e, step) for x, e in env.items()}
-        env.update(step)
-        k = merged
-        continue
-    i += 1
-  return k, env
-
-
-def _reads_linearly(k: Kernel, v: sym.Var) -> bool:
-  """Is v in no floor division or modulo of any index or condition of k (only ever coefficient * v)?"""
-  def linear(x) -> bool:
-    return not any(not isinstance(a, sym.Var) and v in sym.variables(a) for a, _ in sym.lin(x).terms)
-  def cond(c) -> bool: return all(linear(x) for x, _, _ in c.parts)
-  if not all(linear(st.idx) and cond(st.valid) for st in k.stores): return False
+  as one position merged into one axis, and {old variable: expression over the merged one}. a and b are read as one
+  where neither is inside a floor division or modulo and every expression's coefficient of a is size(b) times its
+  coefficient of b (both may be 0): contiguous in every buffer that moves along them, a reshape's dims. The optimizer
+  then sees the output as the memory holds it: a reduction stored through a reshape ([8, 9216] as [8, 64, 12, 12], a
+  Linear layer's input gradient shaped as the pooled activation) has a column axis a register tile's vectors divide,
+  and an index needs no division back into dims. Axes of a runtime size are left alone."""
+  exprs = [st.idx for st in k.stores] + [x for st in k.stores for x, _, _ in st.valid.parts]
   for x in toposort([st.value for st in k.stores]):
-    if isinstance(x, (Load, Index)) and not (linear(x.idx) and cond(x.valid)): return False
-    if isinstance(x, Valid) and not cond(x.cond): return False
-  return True
+    if isinstance(x, (Load, Index)): exprs += [x.idx] + [e for e, _, _ in x.valid.parts]
+    elif isinstance(x, Valid): exprs += [e for e, _, _ in x.cond.parts]
+  # each expression's coefficients of the variables it holds as terms; the variables inside a division or modulo
+  table, nested = [], set()
+  for e in exprs:
+    coefs: dict = {}
+    for atom, c in sym.lin(e).terms:
+      if isinstance(atom, sym.Var): coefs[atom] = coefs.get(atom, 0) + c
+      else: nested |= sym.variables(atom)
+    table.append(coefs)
+  axes, groups = list(k.axes), [[a] for a in k.axes]   # the canonical axes each axis stands for
+  i = 0
+  while i + 1 < len(axes):
+    a, b = axes[i], axes[i + 1]
+    if a.kind is b.kind and a.kind in (AxisKind.GLOBAL, AxisKind.LOOP) and a.end is None and b.end is None and \
+       a.var not in nested and b.var not in nested and all(t.get(a.var, 0) == b.size * t.get(b.var, 0) for t in table):
+      v = sym.Var(groups[i][0].var.name, 0, a.size * b.size - 1)
+      for t in table:
+        cb = t.pop(b.var, 0)
+        t.pop(a.var, None)
+        if cb: t[v] = cb
+      axes[i:i + 2], groups[i:i + 2] = [Axis(v, a.kind)], [groups[i] + groups[i + 1]]
+      continue
+    i += 1
+  env = {}
+  for ax, g in zip(axes, groups):
+    if len(g) > 1: env.update(zip((x.var for x in g), sym.unravel(sym.lin(ax.var), tuple(x.size for x in g))))
+  return (substitute_kernel(k, env, axes=tuple(axes)), env) if env else (k, env)
 
 
 def lower(outputs: list[Node], is_boundary) -> tuple[Kernel, list[Node]]:

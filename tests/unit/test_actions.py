@@ -215,6 +215,10 @@ def test_contiguous_output_axes_merge_before_tiling(rng):
   k = item.kernel
   assert k.name == "r_8_4_12_12"
   assert [(a.kind, a.size) for a in k.axes] == [(K.GLOBAL, 8), (K.GLOBAL, 576), (K.REDUCE, 32)]
+  from fusegrad.codegen.ir import toposort, Load
+  from fusegrad.graph import symbolic as sym
+  idx = [st.idx for st in k.stores] + [x.idx for x in toposort([st.value for st in k.stores]) if isinstance(x, Load)]
+  assert all(isinstance(a, sym.Var) for e in idx for a, _ in e.terms), idx   # no division left in any index
   caps = _avx512(rd.get("PYTHON").caps)
   opts = heuristic.hand_coded(k, caps)
   kk, cols = k, []
