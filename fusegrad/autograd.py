@@ -286,14 +286,15 @@ def _unfold_rule(arg, inputs, out, g):
   import itertools
   kernel, stride, dilation = arg
   x = inputs[0]
-  k, sp = len(kernel), x.shape[1:]
-  osz = g.shape[1:1 + k]
+  k = len(kernel)
+  n = x.ndim - k                         # the leading dims the windows keep
+  sp, osz = x.shape[n:], g.shape[n:n + k]
   total = None
-  for off in itertools.product(*[range(n) for n in kernel]):
-    t = g[(slice(None),) * (1 + k) + off]
+  for off in itertools.product(*[range(m) for m in kernel]):
+    t = g[(slice(None),) * (n + k) + off]
     for i, s in enumerate(stride):
-      if s > 1: t = t.unsqueeze(i + 2).pad((0, 0) * (k - 1 - i) + (0, s - 1)).flatten(i + 1, i + 2) \
-                     .narrow(i + 1, 0, (osz[i] - 1) * s + 1)
+      if s > 1: t = t.unsqueeze(n + i + 1).pad((0, 0) * (k - 1 - i) + (0, s - 1)).flatten(n + i, n + i + 1) \
+                     .narrow(n + i, 0, (osz[i] - 1) * s + 1)
     pads = []
     for i in reversed(range(k)):
       lo = off[i] * dilation[i]

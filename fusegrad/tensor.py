@@ -1378,13 +1378,14 @@ def _unfold(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple) -> Tensor:
     y = y.reshape(*lead, *[v for o, kk in zip(out, kernel) for v in (o, kk)])
     n = len(lead)
     return y.permute(*range(n), *[n + 2 * i for i in range(k)], *[n + 2 * i + 1 for i in range(k)])
-  outer = prod(lead)
-  flat = x.reshape(outer, *sp)
-  cs = [prod(sp[i + 1:]) for i in range(k)]
-  v = View((outer, *out, *kernel), (prod(sp), *[c * st for c, st in zip(cs, stride)],
-                                    *[c * d for c, d in zip(cs, dilation)]), 0, None)
-  node = gn.make("VIEW", flat.dtype, (flat.node,), v, v.shape, flat.device)
-  return flat._prim("UNFOLD", (tuple(kernel), tuple(stride), tuple(dilation)), node).reshape(*lead, *out, *kernel)
+  # over x's own dims (not x reshaped to [prod(lead), *spatial]: a padded x is a masked view that would nest under
+  # that reshape, its index a flat position divided back into dims)
+  cs = [prod(x.shape[i + 1:]) for i in range(x.ndim)]
+  n = len(lead)
+  v = View((*lead, *out, *kernel), (*cs[:n], *[c * st for c, st in zip(cs[n:], stride)],
+                                    *[c * d for c, d in zip(cs[n:], dilation)]), 0, None)
+  node = gn.make("VIEW", x.dtype, (x.node,), v, v.shape, x.device)
+  return x._prim("UNFOLD", (tuple(kernel), tuple(stride), tuple(dilation)), node)
 
 
 def _unfold_flat(x: Tensor, kernel: tuple, steps: tuple, length: int, inner: int = 1) -> Tensor:

@@ -126,6 +126,38 @@ def _per_dim(v, src_shape, idx) -> tuple | None:
   return tuple(out)
 
 
+def _aligned(v, src_shape, idx) -> tuple | None:
+  """The index into the source of view v (at idx) dim by dim, or None, when each dim of v steps along one dim of
+  its source's contiguous layout (a pad, a crop, a flip, a stride, a window: `_unfold`'s view over a padded map)
+  and, over v's valid region, each source dim's index stays within its size: then it is the flat position's
+  unraveling, without the divisions. A padded source's flat position (o * 64 + (y - 1) * 8 + x - 1) unraveled
+  divides a sum that can be negative outside the padding's guard, which no range rule simplifies: an im2col copy
+  of a batch-normalized map computed every channel and row index by floor divisions in its inner loop."""
+  cs = contiguous_strides(src_shape)
+  dims_ = [j for j, n in enumerate(src_shape) if n > 1]
+  mask = v.mask or tuple((0, n) for n in v.shape)
+  terms = [[] for _ in src_shape]   # per source dim: (view dim, steps)
+  for d, (st, n) in enumerate(zip(v.strides, v.shape)):
+    if st == 0 or n == 1: continue
+    j = next((j for j in dims_ if st % cs[j] == 0 and (j == dims_[0] or abs(st) < cs[j] * src_shape[j])), None)
+    if j is None: return None
+    terms[j].append((d, st // cs[j]))
+  # the valid region's first element fixes each source dim's offset
+  first = v.offset + sum(st * lo for st, (lo, _hi) in zip(v.strides, mask))
+  if first < 0 or first >= prod(src_shape): return None
+  out = []
+  for j, n in enumerate(src_shape):
+    at = (first // cs[j]) % n if n > 1 else 0
+    off = at - sum(k * mask[d][0] for d, k in terms[j])
+    lo = off + sum(k * (mask[d][0] if k > 0 else mask[d][1] - 1) for d, k in terms[j])
+    hi = off + sum(k * (mask[d][1] - 1 if k > 0 else mask[d][0]) for d, k in terms[j])
+    if lo < 0 or hi >= n: return None
+    x = sym.const(off)
+    for d, k in terms[j]: x = x + sym.mul(idx[d], k)
+    out.append(x)
+  return tuple(out)
+
+
 class _Builder:
   def __init__(self, outputs: list[Node], is_boundary, on_expand=None, on_pad=None):
     self.outputs, self.is_boundary = outputs, is_boundary
@@ -248,7 +280,8 @@ class _Builder:
         self.expanded.append(src)
         why = self.on_expand(src, self._is_leaf) if self.on_expand is not None else None
         if why: raise NeedsRealize(src, why)
-      inner = self.ev(src, (dims.tags(src.shape) and _per_dim(n.arg, src.shape, idx)) or sym.unravel(flat, src.shape),
+      inner = self.ev(src, (dims.tags(src.shape) and _per_dim(n.arg, src.shape, idx)) or
+                      (not dims.tags(src.shape) and _aligned(n.arg, src.shape, idx)) or sym.unravel(flat, src.shape),
                       gate & valid)
       bcast = prod(sz for st, sz in zip(n.arg.strides, n.arg.shape) if st == 0)
       if bcast > 1: self.broadcasts.append((src, inner, bcast))

@@ -224,8 +224,10 @@ def _conv_im2col(xp: Tensor, weight: Tensor, bias, ks: tuple, stride: tuple, dil
   P, K, Og = math.prod(out), Cg * math.prod(ks), O // G
   if N * P * C * math.prod(ks) > IM2COL_MAX or N * P * O * K < IM2COL_MIN_WORK: return None
   cols = _unfold(xp, ks, stride, dilation).reshape(N, G, Cg, *out, *ks)           # [N, G, Cg, *out, *ks]
-  cols = cols.permute(1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))     # [G, N, *out, Cg, *ks]
-  cols = cols.reshape(G, N * P, K).contiguous()
+  # stored in these dims (its copy then indexes each by a stride: reshaped first, every index was a flat position
+  # divided back into them), read as rows after
+  cols = cols.permute(1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd)).contiguous()   # [G, N, *out, Cg, *ks]
+  cols = cols.reshape(G, N * P, K)
   wt = weight.reshape(G, Og, K).transpose(1, 2)                                    # [G, K, Og]
   y = ((cols[0] @ wt[0]).unsqueeze(0) if G == 1 else cols @ wt).contiguous()      # [G, N * P, Og]
   y = y.reshape(G, N, *out, Og).permute(1, 0, nd + 2, *range(2, 2 + nd)).reshape(N, O, *out)

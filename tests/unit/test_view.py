@@ -64,3 +64,47 @@ def test_reshape_of_masked_views_matches_numpy(seed):
       assert r.shape == new
       np.testing.assert_array_equal(evaluate(r, base), want.reshape(new), err_msg=f"{v} -> {new}")
   assert answered >= 1    # at least the identity
+
+
+def _divisions(item) -> list:
+  """The floor divisions and modulos of output positions in the load indices of a scheduled kernel's canonical form
+  (a max-pool's window is one reduction split by //3 and %3 into its dims: that is its own reshape)."""
+  from fusegrad.codegen.ir import Load, toposort
+  from fusegrad.graph import symbolic as sym
+  out = []
+  for x in toposort([st.value for st in item.kernel.stores]):
+    if isinstance(x, Load):
+      out += [a for a, _ in sym.lin(x.idx).terms
+              if not isinstance(a, sym.Var) and any(not v.name.startswith("r") for v in sym.variables(a))]
+  return out
+
+
+@pytest.mark.parametrize("case", ["maxpool", "window_copy", "flip_crop"])
+def test_views_over_computed_maps_index_dim_by_dim(case):
+  """A pad, window, crop or flip over a computed (not stored) map reads its source dim by dim (codegen/lower._aligned):
+  no flat position divided back into the dims (a padded position can be negative outside the pad's guard, so no range
+  rule removes those divisions), and the values are numpy's."""
+  import fusegrad as fg
+  import fusegrad.nn.functional as F
+  from tests.unit.kernels import one_kernel, run
+  rng = np.random.default_rng(0)
+  a = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+  x = fg.Tensor(a, device="PYTHON").realize()
+  h = x.relu() * 2                       # computed: the view below composes with no buffer's strides
+  if case == "maxpool":
+    out = F.max_pool2d(h, 3, 2, 1)
+    hp = np.pad(np.maximum(a, 0) * 2, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    want = np.stack([np.stack([hp[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max((2, 3)) for j in range(4)], -1)
+                     for i in range(5)], -2)
+  elif case == "window_copy":
+    from fusegrad.nn.functional import _unfold
+    out = _unfold(h.pad((1, 1, 1, 1)), (3, 3), (1, 1), (1, 1)).contiguous()
+    hp = np.pad(np.maximum(a, 0) * 2, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.stack([np.stack([hp[:, :, i:i + 9, j:j + 8] for j in range(3)], -1) for i in range(3)], -2)
+  else:
+    out = h.flip(3)[:, :, 1:7, ::2].contiguous()
+    want = (np.maximum(a, 0) * 2)[:, :, 1:7, ::-1][:, :, :, ::2]
+  item = one_kernel(out)
+  assert _divisions(item) == [], _divisions(item)
+  got = run(item, [])
+  np.testing.assert_allclose(got, want.reshape(got.shape), rtol=1e-6, atol=1e-6)
