@@ -211,6 +211,9 @@ def _fwd_cases():
     "mse": (lambda lib, x, w, b: lib.nn.functional.mse_loss(x * w, b.expand(6, 4, 8), reduction="none"), 3),
     "sdpa_self": (lambda lib, x, w, b: lib.nn.functional.scaled_dot_product_attention(
         x.reshape(2, 3, 4, 8), x.reshape(2, 3, 4, 8), x.reshape(2, 3, 4, 8)), 3),
+    "conv1d": (lambda lib, x, w, b: lib.nn.functional.conv1d(x, w.reshape(2, 4, 1), b[:2], padding=1), 3),
+    "conv2d_strided": (lambda lib, x, w, b: lib.nn.functional.conv2d(
+        x.reshape(6, 1, 4, 8), w.reshape(2, 1, 2, 2), b[:2], stride=2, padding=1), 3),
   }
 
 

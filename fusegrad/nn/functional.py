@@ -122,6 +122,7 @@ def _pad_spatial(x: Tensor, pads: list[tuple[int, int]], value=0.0) -> Tensor:
   return x.pad(tuple(v for lo_hi in reversed(pads) for v in lo_hi), value=value)
 
 
+@templated   # (the graph of a convolution: dozens of frontend ops, made again directly for inputs of one structure)
 def _convnd(input: Tensor, weight: Tensor, bias, stride, padding, dilation, groups: int, nd: int, name: str) -> Tensor:
   x, unbatched = _batched(input, nd, name)
   if weight.ndim != nd + 2:
