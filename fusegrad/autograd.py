@@ -280,6 +280,10 @@ def _window_rule(arg, inputs, out, g):
   return (h.sum(-1).reshape(*lead, L + n - 1).reshape(x.shape),)
 
 
+# the gradient of a window view (_unfold_rule) is stored from this many elements on
+UNFOLD_GRAD_STORE = 1 << 15
+
+
 def _unfold_rule(arg, inputs, out, g):
   # w[:, o, k] = x[:, o * stride + k * dilation]: dx is the sum over kernel offsets k of g[:, :, k] spread
   # back to those positions (stride gaps by pad+reshape, offsets by pad) — prod(kernel) terms, one kernel
@@ -301,7 +305,11 @@ def _unfold_rule(arg, inputs, out, g):
       pads += [lo, sp[i] - lo - ((osz[i] - 1) * stride[i] + 1)]
     t = t.pad(tuple(pads))
     total = t if total is None else total + t
-  return (total,)
+  # stored when big: each element sums prod(kernel) guarded, spread reads, and recomputed, every kernel reading it (a
+  # batch norm's two gradient sums and its input gradient, behind a max-pool or an im2col convolution) paid them
+  # again (ResNet-18's step: its batch norms' backward reductions 20 -> 5 ms); a small one stays fused (one kernel)
+  store = total is not None and math.prod(kernel) > 1 and total.numel() >= UNFOLD_GRAD_STORE
+  return (total.contiguous() if store else total,)
 
 
 def _conv_rows_rule(arg, inputs, out, g):
@@ -325,10 +333,13 @@ def _unfold_flat_rule(arg, inputs, out, g):
 
 def _fn_rule(arg, ins, out, g):
   """A call that fusegrad/templates.py made from a template: the function runs again over its inputs' nodes (the
-  hash-consing cache hands back the template's nodes) and the gradients come from its own recipes."""
+  hash-consing cache hands back the template's nodes) and the gradients come from its own recipes. A function of
+  several outputs gives each its own recipe (arg's last item: the output's place): the gradient of each runs the
+  function and differentiates through that output (two outputs that both get gradients: two runs, whose
+  contributions add up at the inputs)."""
   from fusegrad.tensor import Tensor
   from fusegrad.templates import rebuild
-  fn, (args, kwargs) = arg
+  fn, (args, kwargs), k = arg
   if grad_enabled():   # create_graph: differentiable gradients, through the inputs themselves
     leaves = list(ins)
   else:                # new leaves over the same nodes: the walk below stops at them
@@ -338,6 +349,7 @@ def _fn_rule(arg, ins, out, g):
       if i.requires_grad: t.requires_grad = True
       leaves.append(t)
   with enable_grad(): y = fn(*rebuild(args, leaves), **rebuild(kwargs, leaves))
+  if k is not None: y = y[k]
   want, seen = [], set()
   for t in leaves:
     if t.requires_grad and id(t) not in seen:

@@ -6,7 +6,9 @@ graph of many frontend ops: its first call over inputs of one structure runs it 
 hash-consing cache) and gives the output one recipe for autograd, "FN", instead of one per frontend op. FN's
 gradient rule (autograd._fn_rule) runs the function again, with gradients, over the same nodes (hash-consing finds
 the template's nodes, so nothing is computed twice) and differentiates through it; a backward template
-(autograd.py) then records the whole backward, so in a training loop neither runs again.
+(autograd.py) then records the whole backward, so in a training loop neither runs again. A function may return a
+tuple of tensors (batch_norm's core: y and the new running statistics, which its caller writes): each output that
+had a gradient when recorded gets its own FN recipe, naming its place in the tuple.
 
 The key of a call: each input tensor's node (its op, dtype, shape, device and argument, a constant's exact value;
 a realized one as an input slot), which inputs are the same tensor, which need a gradient, every other argument
@@ -32,7 +34,8 @@ stats = {"hits": 0, "records": 0}   # calls made from a template, and templates 
 
 
 def templated(fn):
-  """The decorator; fn(*args, **kwargs) -> one Tensor."""
+  """The decorator; fn(*args, **kwargs) -> one Tensor, or a tuple of Tensors (each output that needs a gradient
+  gets its own FN recipe, naming its place in the tuple)."""
   cache: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
 
   @functools.wraps(fn)
@@ -51,12 +54,16 @@ def templated(fn):
     if tpl is _NEVER: return fn(*args, **kwargs)
     if tpl is None or type(tpl) is int: return _record(fn, args, kwargs, tensors, ext, cache, key, tpl or 0)
     stats["hits"] += 1
-    entries, ref = tpl
+    entries, refs, grads, many = tpl
     from fusegrad.tensor import Tensor
     # through the hash-consing cache where a gradient will run the function again (its rule finds these nodes)
-    out = Tensor(_node=template.node_of(ref, template.instantiate(entries, ext, shared=needs), ext))
-    if needs: autograd.record(out, "FN", (fn, spec), tuple(tensors))
-    return out
+    made = template.instantiate(entries, ext, shared=needs)
+    outs = tuple(Tensor(_node=template.node_of(r, made, ext)) for r in refs)
+    if needs:
+      ins = tuple(tensors)
+      for k, o in enumerate(outs):   # each output that had a gradient its own recipe: the function, which output
+        if grads[k]: autograd.record(o, "FN", (fn, spec, k if many else None), ins)
+    return outs if many else outs[0]
 
   return wrapper
 
@@ -119,12 +126,16 @@ def _record(fn, args, kwargs, tensors, ext_nodes: list, cache, key, tries: int):
   out = fn(*args, **kwargs)
   try:
     from fusegrad.tensor import Tensor
-    if type(out) is not Tensor: raise template.Untemplatable("the result is no one tensor")
+    many = type(out) is tuple
+    outs = out if many else (out,)
+    if not outs or any(type(o) is not Tensor for o in outs):
+      raise template.Untemplatable("the result is no tensor or tuple of tensors")
     if _jit.host_reads[0] != reads: raise template.Untemplatable("the function read or wrote values on the host")
     if any(t.node is not b for t, b in zip(tensors, before)): raise template.Untemplatable("an input was written")
-    if any(out is t for t in tensors): raise template.Untemplatable("the result is an input")
-    entries, (ref,) = template.record([out.node], ext_nodes, template.made_since(start))
-    value = (entries, ref)
+    if any(o is t for o in outs for t in tensors): raise template.Untemplatable("the result is an input")
+    entries, refs = template.record([o.node for o in outs], ext_nodes, template.made_since(start))
+    # which outputs carry a gradient is a function of the key (the inputs that need one, the grad mode)
+    value = (entries, refs, tuple(o.requires_grad for o in outs), many)
     stats["records"] += 1
   except template.Untemplatable:
     value = tries + 1 if tries + 1 < _TRIES else _NEVER

@@ -214,6 +214,10 @@ def _fwd_cases():
     "conv1d": (lambda lib, x, w, b: lib.nn.functional.conv1d(x, w.reshape(2, 4, 1), b[:2], padding=1), 3),
     "conv2d_strided": (lambda lib, x, w, b: lib.nn.functional.conv2d(
         x.reshape(6, 1, 4, 8), w.reshape(2, 1, 2, 2), b[:2], stride=2, padding=1), 3),
+    "group_norm": (lambda lib, x, w, b: lib.nn.functional.group_norm(x, 2, w[:4], b[:4]), 3),
+    "batch_norm_train": (lambda lib, x, w, b: lib.nn.functional.batch_norm(x, None, None, w[:4], b[:4], True), 3),
+    "batch_norm_eval": (lambda lib, x, w, b: lib.nn.functional.batch_norm(
+        x, (b[:4] * 0.5).detach(), (w[:4] * w[:4] + 0.5).detach(), w[:4], b[:4], False), 3),
   }
 
 
@@ -393,3 +397,148 @@ def test_random_numbers_from_templates_are_fresh_and_reproducible(device):
   for a, b in zip(first, plain): np.testing.assert_array_equal(a, b)
   big = fg.randn(20000, device=device).numpy()
   assert abs(big.mean()) < 0.05 and abs(big.std() - 1) < 0.05
+
+
+# ---- batch norm: a templated core of several outputs (y and the new running statistics) ------------------------
+
+_BN_CASES = {
+  "2d": ("BatchNorm2d", (4, 3, 5, 5), {}),
+  "1d_rows": ("BatchNorm1d", (6, 3), {}),
+  "1d_seq": ("BatchNorm1d", (4, 3, 7), {"eps": 1e-3, "momentum": 0.3}),
+  "cumulative": ("BatchNorm2d", (2, 3, 4, 4), {"momentum": None}),
+  "untracked": ("BatchNorm2d", (3, 3, 4, 4), {"track_running_stats": False}),
+  "no_affine": ("BatchNorm1d", (5, 3, 4), {"affine": False}),
+  "no_bias": ("BatchNorm2d", (2, 3, 3, 3), {"bias": False}),
+  "float16": ("BatchNorm2d", (4, 3, 5, 5), {"dtype": "float16"}),
+}
+
+
+def _bn_steps(lib, case: str, templates: bool, seed: int, steps: int = 5):
+  """Training steps of a parameter -> BatchNorm -> loss model (then one eval forward): the losses, the input's
+  gradient, the parameters, the running statistics and the eval output, as numpy arrays."""
+  cls, shape, kw = _BN_CASES[case]
+  config.TEMPLATES = templates
+  kw = dict(kw)
+  dtype = getattr(lib, kw.pop("dtype", "float32"))
+  rng = np.random.default_rng(seed)
+  torch.manual_seed(0)
+  bn = getattr(lib.nn, cls)(shape[1], **kw).to(dtype=dtype)
+  x = lib.tensor((rng.standard_normal(shape) * 3 + 1).astype(np.float32)).to(dtype).requires_grad_()
+  w = lib.tensor(rng.standard_normal(shape[2:] or (1,)).astype(np.float32)).to(dtype)
+  if bn.weight is not None:
+    with lib.no_grad():
+      bn.weight.copy_(lib.tensor(rng.standard_normal(shape[1]).astype(np.float32) + 1))
+  opt = lib.optim.SGD([x, *bn.parameters()], lr=0.05, momentum=0.9)
+  losses, xgrads = [], []
+  for _ in range(steps):
+    y = bn(x)
+    loss = (y * y * w).float().mean()
+    opt.zero_grad()
+    loss.backward()
+    xgrads.append(x.grad.float().numpy().copy())
+    opt.step()
+    losses.append(loss.item())
+  bn.eval()
+  with lib.no_grad(): ev = bn(x).float().numpy()
+  params = [p.detach().float().numpy() for p in [x, *bn.parameters()]]
+  buffers = [b.numpy().astype(np.float64) for b in bn.buffers()]
+  return losses, xgrads, params, buffers, ev
+
+
+@pytest.mark.parametrize("case", list(_BN_CASES))
+def test_batchnorm_from_a_template_equals_the_frontend(case):
+  # the templated core returns (y, new running_mean, new running_var); batch_norm writes the statistics itself:
+  # bitwise the frontend's run over several steps, running statistics and an eval forward included
+  seed = int(np.random.SeedSequence().entropy % 2**32)
+  want = _bn_steps(fg, case, False, seed)
+  hits = FT.stats["hits"]
+  with fg.track() as tr_got:
+    got = _bn_steps(fg, case, True, seed)
+  # (the first step reads the initial constant statistics, the second realized ones: steps 3-5 are hits)
+  if case != "cumulative": assert FT.stats["hits"] - hits >= 3, "the steps did not come from a template"
+  else: assert FT.stats["hits"] - hits <= 1    # a new constant momentum every step: not templated (but the eval)
+  for a, b in zip(got, want):
+    for u, v in zip(a, b): np.testing.assert_array_equal(u, v)
+  theirs = _bn_steps(torch, case, False, seed)
+  tol = 2e-2 if case == "float16" else 2e-4
+  np.testing.assert_allclose(got[0], theirs[0], rtol=tol, atol=tol)
+  for a, b in zip(got[1:], theirs[1:]):
+    for u, v in zip(a, b): np.testing.assert_allclose(u, v, rtol=tol, atol=tol * max(1.0, np.abs(v).max()))
+
+
+def test_batchnorm_from_a_template_launches_no_more_kernels(device):
+  # the running statistics are computed in the step's schedule, as on the frontend's path
+  rng = np.random.default_rng()
+  counts = []
+  for templates in (False, True, True, True):
+    config.TEMPLATES = templates
+    fg.manual_seed(0)
+    bn = nn.BatchNorm2d(3).to(device)
+    x = fg.tensor(rng.standard_normal((4, 3, 5, 5)).astype(np.float32), device=device, requires_grad=True)
+    hits = FT.stats["hits"]
+    with fg.track() as tr:
+      y = bn(x)
+      (y * y).sum().backward()
+      fg.realize(y, x.grad, bn.weight.grad, bn.bias.grad, bn.running_mean, bn.running_var)
+    if templates and len(counts) >= 2: assert FT.stats["hits"] > hits
+    counts.append(len(tr.kernels))
+  assert counts[-1] <= counts[0], counts
+
+
+def test_double_backward_through_a_templated_batch_norm():
+  rng = np.random.default_rng()
+  x0, w0 = rng.standard_normal((6, 3, 4)).astype(np.float32), rng.standard_normal(3).astype(np.float32) + 1
+  results = []
+  for templates in (False, True, True, True):
+    config.TEMPLATES = templates
+    x, w = fg.tensor(x0, requires_grad=True), fg.tensor(w0, requires_grad=True)
+    rm, rv = fg.zeros(3), fg.ones(3)
+    hits = FT.stats["hits"]
+    y = F.batch_norm(x, rm, rv, w, None, training=True)
+    if templates and len(results) >= 2: assert FT.stats["hits"] == hits + 1
+    (g,) = fg.autograd.grad((y * y * y).sum(), [x], create_graph=True)
+    g.square().sum().backward()
+    results.append((g.numpy(), w.grad.numpy(), x.grad.numpy(), rm.numpy(), rv.numpy()))
+  xt, wt = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+  rmt, rvt = torch.zeros(3), torch.ones(3)
+  yt = torch.nn.functional.batch_norm(xt, rmt, rvt, wt, None, training=True)
+  (gt,) = torch.autograd.grad((yt * yt * yt).sum(), [xt], create_graph=True)
+  gt.square().sum().backward()
+  for got in results:
+    for a, b in zip(got, (gt.detach(), wt.grad, xt.grad, rmt, rvt)):
+      np.testing.assert_allclose(a, b.numpy(), rtol=1e-3, atol=1e-3 * max(1.0, np.abs(b.numpy()).max()))
+  # the first gradient and the statistics bitwise; the second backward reaches w and x both through the FN recipe
+  # of y and through the recipes the rule's create_graph run left: the same terms, added in another order
+  for got in results[1:]:
+    for k in (0, 3, 4): np.testing.assert_array_equal(got[k], results[0][k])
+    for k in (1, 2): np.testing.assert_allclose(got[k], results[0][k], rtol=1e-6, atol=1e-6 * np.abs(results[0][k]).max())
+
+
+def test_a_templated_function_of_several_outputs():
+  # each output that needs a gradient gets its own FN recipe naming its place; an output under no_grad gets none;
+  # gradients through both outputs add up at the inputs
+  @FT.templated
+  def parts(x, w):
+    a = (x * w).tanh()
+    with fg.no_grad(): s = (x * 2).sum(0)
+    return a, a.sum(-1) * x.mean(-1), s
+  rng = np.random.default_rng()
+  x0, w0 = rng.standard_normal((4, 5)).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+  results = []
+  for templates in (False, True, True, True):
+    config.TEMPLATES = templates
+    hits = FT.stats["hits"]
+    x, w = fg.tensor(x0, requires_grad=True), fg.tensor(w0, requires_grad=True)
+    a, b, s = parts(x, w)
+    assert a.requires_grad and b.requires_grad and not s.requires_grad
+    if templates and len(results) >= 2:
+      assert FT.stats["hits"] == hits + 1 and a._ctx[1][2] == 0 and b._ctx[1][2] == 1
+    ((a * a).sum() + (b * 3).sum()).backward()
+    results.append((a.numpy(), b.numpy(), s.numpy(), x.grad.numpy(), w.grad.numpy()))
+  xt, wt = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+  at = (xt * wt).tanh()
+  bt = at.sum(-1) * xt.mean(-1)
+  ((at * at).sum() + (bt * 3).sum()).backward()
+  for got in results:
+    for u, v in zip(got, (at, bt, (torch.tensor(x0) * 2).sum(0), xt.grad, wt.grad)):
+      np.testing.assert_allclose(u, v.detach().numpy(), rtol=1e-5, atol=1e-5)

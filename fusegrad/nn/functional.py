@@ -467,28 +467,52 @@ def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None,
   for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
     if t is not None and t.shape != (C,):
       raise RuntimeError(f"batch_norm: {name} should contain {C} elements not {t.numel()}")
+  if training:
+    if input.numel() // C <= 1:
+      raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(input.shape)}")
+    if running_mean is None and running_var is None:
+      return _batch_norm(input, None, None, weight, bias, True, None, eps)
+    # the pure part is one templated call, which also returns the new running statistics; writing them stays
+    # here (a templated function writes no input). A momentum that is a constant tensor (a cumulative average's
+    # 1 / num_batches_tracked, whose count folds to a new constant every step) would key a new template every
+    # call (a constant's value is in the key): that call runs the function itself
+    core = _batch_norm.__wrapped__ if isinstance(momentum, Tensor) and momentum.node.op == "CONST" else _batch_norm
+    y, *new = core(input, running_mean, running_var, weight, bias, True, momentum, eps)
+    with fg.no_grad():
+      if running_mean is not None: running_mean._assign(new.pop(0))
+      if running_var is not None: running_var._assign(new.pop(0))
+    return y
+  if running_mean is None or running_var is None:
+    raise RuntimeError("batch_norm in eval mode needs running_mean and running_var")
+  return _batch_norm(input, running_mean, running_var, weight, bias, False, None, eps)
+
+
+@templated   # (a training call is ~40 frontend ops: made again directly for inputs of one structure)
+def _batch_norm(input: Tensor, running_mean, running_var, weight, bias, training: bool, momentum, eps: float):
+  """batch_norm's graph: y, and in training with running statistics also their new values, as a tuple
+  (y, new running_mean if given, new running_var if given); momentum: a number or a tensor (a cumulative average's
+  1 / num_batches_tracked)."""
+  C = input.shape[1]
   axes = (0,) + tuple(range(2, input.ndim))
   shp = _affine_shape(input, C)
+  new = []
   if training:
     n = input.numel() // C
-    if n <= 1: raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(input.shape)}")
     mean, xc, var = _moments(input, axes)   # shifted two-pass statistics (tensor._moments says why)
     if running_mean is not None:
       with fg.no_grad():
-        running_mean._assign(((1 - momentum) * running_mean + momentum * mean.detach().reshape(C))._cast(running_mean.dtype))
+        new.append(((1 - momentum) * running_mean + momentum * mean.detach().reshape(C))._cast(running_mean.dtype))
     if running_var is not None:
       with fg.no_grad():
         unbiased = var.detach().reshape(C) * (n / (n - 1))
-        running_var._assign(((1 - momentum) * running_var + momentum * unbiased)._cast(running_var.dtype))
+        new.append(((1 - momentum) * running_var + momentum * unbiased)._cast(running_var.dtype))
   else:
-    if running_mean is None or running_var is None:
-      raise RuntimeError("batch_norm in eval mode needs running_mean and running_var")
     mean, var = running_mean.reshape(shp), running_var.reshape(shp)
     xc = input - mean
   y = xc * (var + eps).rsqrt()
   if weight is not None: y = y * weight.reshape(shp)
   if bias is not None: y = y + bias.reshape(shp)
-  return y
+  return (y, *new) if new else y
 
 
 def _check_normalized_shape(input: Tensor, normalized_shape, name: str) -> tuple:
@@ -533,6 +557,7 @@ def rms_norm(input: Tensor, normalized_shape, weight=None, eps: float | None = N
   return y * weight if weight is not None else y
 
 
+@templated   # (its checks raise before any node is made; a float16 call runs its float32 one, itself templated)
 def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
   _check_tensor(input, "group_norm")
   if input.ndim < 2: raise RuntimeError(f"group_norm: expected at least 2D input, got {list(input.shape)}")
