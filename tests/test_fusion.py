@@ -337,3 +337,32 @@ def test_linear_input_gradient_through_a_flatten_is_tiled(rng):
   rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
   torch.nn.functional.linear(torch.flatten(rx, 1), rw).square().sum().backward()
   np.testing.assert_allclose(gx, rx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_big_window_gradient_is_stored_once():
+  import torch
+  """A max-pool's input gradient sums its windows' spread gradients (9 guarded reads an element for 3x3 stride 2):
+  stored once from autograd.UNFOLD_GRAD_STORE elements on, so the batch norm behind it reads it in each of its
+  gradient kernels instead of recomputing it there (ResNet-18's step)."""
+  import fusegrad.autograd as A
+  import fusegrad.nn.functional as F
+  rng = np.random.default_rng(0)
+  a = rng.standard_normal((4, 8, 32, 32)).astype(np.float32)
+  for store in (True, False):
+    x = fg.tensor(a, requires_grad=True).realize()
+    old, A.UNFOLD_GRAD_STORE = A.UNFOLD_GRAD_STORE, (A.UNFOLD_GRAD_STORE if store else 1 << 40)
+    try:
+      p = F.max_pool2d(F.batch_norm(x, None, None, training=True), 3, 2, 1)
+      (p * p).sum().backward()
+    finally:
+      A.UNFOLD_GRAD_STORE = old
+    with fg.track() as t: x.grad.realize()
+    # reductions (the batch norm's gradient sums) that recompute the windows' spread gradient (stride-2 conditions)
+    spread = [k.name for k in t.kernels if k.name.startswith("r_") and "%2)" in k.source.split("void " + k.name + "(")[-1]]
+    padded = [k.name for k in t.kernels if k.name == "E_4_8_34_34"]
+    if store: assert padded == ["E_4_8_34_34"] and spread == [], (padded, spread)   # computed once, stored
+    else: assert padded == [] and len(spread) >= 1, spread                          # recomputed per reader
+    tx = torch.tensor(a.astype(np.float64), requires_grad=True)
+    tp = torch.nn.functional.max_pool2d(torch.nn.functional.batch_norm(tx, None, None, training=True), 3, 2, 1)
+    (tp * tp).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4 * np.abs(tx.grad.numpy()).max())
