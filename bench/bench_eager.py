@@ -232,7 +232,8 @@ def resnet_class(lib):
     def _make_layer(self, planes, blocks, stride=1):
       downsample = None
       if stride != 1 or self.inplanes != planes:
-        downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes))
+        downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride=stride, bias=False),
+                                   nn.BatchNorm2d(planes))
       layers = [BasicBlock(self.inplanes, planes, stride, downsample)]
       self.inplanes = planes
       layers += [BasicBlock(self.inplanes, planes) for _ in range(1, blocks)]

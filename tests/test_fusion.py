@@ -358,7 +358,8 @@ def test_a_big_window_gradient_is_stored_once():
       A.UNFOLD_GRAD_STORE = old
     with fg.track() as t: x.grad.realize()
     # reductions (the batch norm's gradient sums) that recompute the windows' spread gradient (stride-2 conditions)
-    spread = [k.name for k in t.kernels if k.name.startswith("r_") and "%2)" in k.source.split("void " + k.name + "(")[-1]]
+    spread = [k.name for k in t.kernels
+              if k.name.startswith("r_") and "%2)" in k.source.split("void " + k.name + "(")[-1]]
     padded = [k.name for k in t.kernels if k.name == "E_4_8_34_34"]
     if store: assert padded == ["E_4_8_34_34"] and spread == [], (padded, spread)   # computed once, stored
     else: assert padded == [] and len(spread) >= 1, spread                          # recomputed per reader

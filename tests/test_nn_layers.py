@@ -336,7 +336,8 @@ def test_batchnorm_stats_realized_with_the_step(rng):
   ours = build(fnn)
   randomize(ours, rng, "CPU")
   theirs = twin(ours, build)
-  opt, topt = fg.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9), torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+  opt = fg.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+  topt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
   calls, orig = [], er.realize
   er.realize = lambda *n: (calls.append(len(n)), orig(*n))[1]
   try:

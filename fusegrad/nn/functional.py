@@ -214,9 +214,10 @@ def _conv_im2col(xp: Tensor, weight: Tensor, bias, ks: tuple, stride: tuple, dil
   such a reduction has padding conditions in its loads and output axes no vector divides (8x8 3x3 64->64 batch 8:
   24 ms of kernels); stored, it is a plain matmul, and so are both its gradients (windows' = g @ w, weights' =
   g.T @ windows: a register tile each, the operands packed by the matmul's rules). The copy costs prod(ks) times
-  the input, once; a small convolution (under IM2COL_MIN_WORK) stays one kernel. The product is stored as the matmul makes it ([N * positions, O], channels in vector lanes),
-  then copied channels-first ([N, O, *out]), which batch norms, activations and the next layer's windows read
-  with plain indices (through the transposing view, their indices divided every position back into dims)."""
+  the input, once; a small convolution (under IM2COL_MIN_WORK) stays one kernel. The product is stored as the
+  matmul makes it ([N * positions, O], channels in vector lanes), then copied channels-first ([N, O, *out]), which
+  batch norms, activations and the next layer's windows read with plain indices (through the transposing view,
+  their indices divided every position back into dims)."""
   nd = len(ks)
   if builtins.all(k == 1 for k in ks) and builtins.all(s == 1 for s in stride): return None
   N, C = xp.shape[:2]
