@@ -36,9 +36,11 @@ def rng() -> np.random.Generator:
   return np.random.default_rng(seed)
 
 
-# files whose OPENCL rows run in `make test-ops` (see below): the per-operator tests, and the layers built of many
-# operators (nn layers, transformer and recurrent layers: a minute and a half of PoCL compiles on a fresh machine)
-OPS_FILES = ("test_ops.py", "test_autograd.py", "test_transformer.py", "test_rnn.py", "test_nn_layers.py")
+# files whose OPENCL rows run in `make test-ops` (see below): the per-operator tests, the layers built of many
+# operators (nn layers, transformer and recurrent layers: a minute and a half of PoCL compiles on a fresh machine),
+# and the graph templates' library functions and training steps (their logic is the device's: CPU rows cover it)
+OPS_FILES = ("test_ops.py", "test_autograd.py", "test_transformer.py", "test_rnn.py", "test_nn_layers.py",
+             "test_templates.py")
 
 
 def pytest_collection_modifyitems(config, items):
