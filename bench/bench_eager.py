@@ -2,16 +2,18 @@
 
 Issue 10: a small model's eager step is dominated by Python (building the graph, scheduling, launching), not by
 its kernels. The same step code runs for every contender (the libraries share the API): a nanoGPT (the faithful
-copy in tests/nanogpt_model.py, 2 layers, d 32), a VAE 784-400-20 (the PyTorch example's model and loss), an
-MLP and the PyTorch example's MNIST convnet (batch 8, Adadelta; its dropouts draw new masks every step). "fusegrad eager" is the plain Python step, as a user writes it (its graphs' schedules are reused by
-structure and replayed automatically, engine/realize.py); "eager, no replay" turns the automatic replay off
+copy in tests/nanogpt_model.py, 2 layers, d 32), a minGPT of the same size (tests/mingpt_model.py), a VAE
+784-400-20 (the PyTorch example's model and loss), an MLP, the PyTorch example's MNIST convnet (batch 8, Adadelta;
+its dropouts draw new masks every step) and torchvision's ResNet-18 (8x3x32x32). "fusegrad eager" is the plain
+Python step, as a user writes it (its graphs' schedules are reused by structure and replayed automatically,
+engine/realize.py); "eager, no replay" turns the automatic replay off
 (`realize.no_replay()`, FUSEGRAD_EAGER_REPLAY=0) to show what it buys; "fusegrad.jit" captures the step explicitly.
 
 Times are per step (forward, loss, backward, optimizer step, reading the loss as a float): each contender runs
 `--steps` steps per round, the contenders alternate for `--rounds` rounds, and each keeps its best round (the
 VM's speed drifts; interleaving compares them at the same moments). Ratios above 1 mean fusegrad is faster.
 
-    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|vae|mlp|mnist|resnet] [--gc-freeze] [--profile gpt]
+    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|mingpt|vae|mlp|mnist|resnet] [--gc-freeze] [--profile gpt]
 """
 from __future__ import annotations
 import argparse
@@ -25,7 +27,8 @@ import time
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--steps", type=int, default=30, help="steps per round per contender")
 ap.add_argument("--rounds", type=int, default=5)
-ap.add_argument("--only", default=None, help="run the cases whose key (gpt, vae, mlp, mnist, resnet) contains this")
+ap.add_argument("--only", default=None,
+                help="run the case of this key (gpt, mingpt, vae, mlp, mnist, resnet), or those whose key contains it")
 ap.add_argument("--gc-freeze", action="store_true",
                 help="gc.freeze() after the warm-up (the long-lived objects of torch, numpy and the models leave the "
                      "collector's full passes; a diagnostic of what Python's garbage collector costs each library)")
@@ -93,6 +96,21 @@ def gpt_case(rng):
   def fg_model_opt():
     m = build(fg)(GPTConfig(**cfg))
     return m, m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+  loss = lambda model, x, y: model(x, y)[1]
+  return th_model, th_opt, loss, batches, fg_model_opt, loss
+
+
+def mingpt_case(rng):
+  from mingpt_model import MinGPTConfig, build as build_mingpt
+  cfg = MinGPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32)
+  B, T = 8, 32
+  torch.manual_seed(0)
+  th_model = build_mingpt(torch)(cfg)
+  th_opt = th_model.configure_optimizers(0.1, 5e-4, (0.9, 0.95))
+  batches = [(rng.integers(0, 65, (B, T)), rng.integers(0, 65, (B, T))) for _ in range(4)]
+  def fg_model_opt():
+    m = build_mingpt(fg)(cfg)
+    return m, m.configure_optimizers(0.1, 5e-4, (0.9, 0.95))
   loss = lambda model, x, y: model(x, y)[1]
   return th_model, th_opt, loss, batches, fg_model_opt, loss
 
@@ -260,6 +278,7 @@ def resnet_case(rng):
 
 CASES = {
   "gpt": ("nanoGPT L2 d32 H2 T32 V65, batch 8, AdamW", gpt_case),
+  "mingpt": ("minGPT L2 d32 H2 T32 V65, batch 8, AdamW", mingpt_case),
   "vae": ("VAE 784-400-20, batch 32, Adam", vae_case),
   "mlp": ("MLP 64-128-128-10, batch 32, SGD momentum", mlp_case),
   "mnist": ("MNIST convnet (pytorch/examples), batch 8, Adadelta", mnist_case),
@@ -307,7 +326,7 @@ def main() -> None:
         "no replay vs torch | jit vs torch | eager / jit time | loss torch / eager / jit |")
   print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
   for key, (name, case) in CASES.items():
-    if ARGS.only and ARGS.only not in key: continue
+    if ARGS.only and not (key == ARGS.only if ARGS.only in CASES else ARGS.only in key): continue
     t, loss = measure(contenders(case, rng), ARGS.steps, ARGS.rounds)
     ms = {k: v * 1e3 for k, v in t.items()}
     print(f"| {name} | {ms['torch']:.2f} | {ms['eager']:.2f} | {ms['noreplay']:.2f} | {ms['jit']:.2f} | "
