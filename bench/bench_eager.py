@@ -161,6 +161,10 @@ def vae_case(rng):
   return th_model, torch.optim.Adam(th_model.parameters(), lr=1e-3), vae_loss(torch), batches, fg_model_opt, vae_loss(fg)
 
 
+def ce_loss(lib):
+  return lambda model, x, y: lib.nn.functional.cross_entropy(model(x), y)
+
+
 def mlp_class(lib):
   nn = lib.nn
   return lambda: nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
@@ -173,9 +177,8 @@ def mlp_case(rng):
   def fg_model_opt():
     m = mlp_class(fg)()
     return m, fg.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-  ce = lambda lib: (lambda model, x, y: lib.nn.functional.cross_entropy(model(x), y))
-  return (th_model, torch.optim.SGD(th_model.parameters(), lr=0.01, momentum=0.9), ce(torch), batches,
-          fg_model_opt, ce(fg))
+  return (th_model, torch.optim.SGD(th_model.parameters(), lr=0.01, momentum=0.9), ce_loss(torch), batches,
+          fg_model_opt, ce_loss(fg))
 
 
 def mnist_class(lib):
@@ -271,9 +274,8 @@ def resnet_case(rng):
   def fg_model_opt():
     m = resnet_class(fg)()
     return m, fg.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-  ce = lambda lib: (lambda model, x, y: lib.nn.functional.cross_entropy(model(x), y))
-  return (th_model, torch.optim.SGD(th_model.parameters(), lr=0.01, momentum=0.9), ce(torch), batches,
-          fg_model_opt, ce(fg))
+  return (th_model, torch.optim.SGD(th_model.parameters(), lr=0.01, momentum=0.9), ce_loss(torch), batches,
+          fg_model_opt, ce_loss(fg))
 
 
 CASES = {

@@ -111,43 +111,30 @@ class View(NamedTuple):
     if self.shape == shape: return self
     if prod(self.shape) == 0: return View.contiguous(shape)
     if self.is_contiguous: return View.contiguous(shape)
-    if self.mask is not None:
-      # a mask stays expressible per dim when every masked dim keeps its size as one new dim; the dims it leaves
-      # whole merge and split as an unmasked view's (a padded map's batch and channel dims into one: a window view
-      # over it then indexes by strides, not by a flat position divided back into dims)
-      if any(m != (0, 1) for s, m in zip(self.shape, self.mask) if s == 1): return None
-      groups = []  # [size, innermost stride, mask (None: whole)]
-      for s, st, m in zip(self.shape, self.strides, self.mask):
-        if s == 1: continue
-        whole = m == (0, s)
-        if whole and groups and groups[-1][2] is None and groups[-1][1] == st * s:
-          groups[-1] = [groups[-1][0] * s, st, None]
-        else: groups.append([s, st, None if whole else m])
-      strides, mask, gi = [], [], 0
-      for s in shape:
-        if s == 1: strides.append(0); mask.append((0, 1)); continue
-        while gi < len(groups) and groups[gi][0] == 1: gi += 1
-        if gi >= len(groups) or groups[gi][0] % s: return None
-        g = groups[gi]
-        if g[2] is not None:   # a masked dim: kept whole
-          if g[0] != s: return None
-          strides.append(g[1]); mask.append(g[2])
-          g[0] = 1
-          continue
-        g[0] //= s
-        strides.append(g[1] * g[0]); mask.append((0, s))
-      return self._canonical(shape, strides, self.offset, mask)
-    # merge old dims into groups that are contiguous with each other, then split groups into new dims
-    groups = []  # [size, innermost stride]
-    for s, st in zip(self.shape, self.strides):
-      if s == 1: continue
-      if groups and groups[-1][1] == st * s: groups[-1] = [groups[-1][0] * s, st]
-      else: groups.append([s, st])
-    strides, gi = [], 0
-    for s in shape:
-      if s == 1: strides.append(0); continue
+    # merge old dims into groups that are contiguous with each other, then split groups into new dims. A mask stays
+    # expressible per dim when every masked dim keeps its size as one new dim; the dims it leaves whole merge and
+    # split as an unmasked view's (a padded map's batch and channel dims into one: a window view over it then
+    # indexes by strides, not by a flat position divided back into dims)
+    masks = self.mask or tuple((0, n) for n in self.shape)
+    if any(m != (0, 1) for n, m in zip(self.shape, masks) if n == 1): return None
+    groups = []  # [size, innermost stride, mask (None: whole)]
+    for n, st, m in zip(self.shape, self.strides, masks):
+      if n == 1: continue
+      whole = m == (0, n)
+      if whole and groups and groups[-1][2] is None and groups[-1][1] == st * n:
+        groups[-1] = [groups[-1][0] * n, st, None]
+      else: groups.append([n, st, None if whole else m])
+    strides, mask, gi = [], [], 0
+    for n in shape:
+      if n == 1: strides.append(0); mask.append((0, 1)); continue
       while gi < len(groups) and groups[gi][0] == 1: gi += 1
-      if gi >= len(groups) or groups[gi][0] % s: return None
-      groups[gi][0] //= s
-      strides.append(groups[gi][1] * groups[gi][0])
-    return self._canonical(shape, strides, self.offset, None)
+      if gi >= len(groups) or groups[gi][0] % n: return None
+      g = groups[gi]
+      if g[2] is not None:   # a masked dim: kept whole
+        if g[0] != n: return None
+        strides.append(g[1]); mask.append(g[2])
+        g[0] = 1
+        continue
+      g[0] //= n
+      strides.append(g[1] * g[0]); mask.append((0, n))
+    return self._canonical(shape, strides, self.offset, mask if self.mask is not None else None)
