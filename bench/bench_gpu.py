@@ -8,6 +8,7 @@ Each result is checked against PyTorch's (relative error of the norm). Matmuls r
     python bench/bench_gpu.py            # full sizes (the issue's: 2^28 elements, 8192^2, 4096^3)
     python bench/bench_gpu.py --quick    # small sizes
     python bench/bench_gpu.py --beam 4   # also with kernels chosen by a BEAM search
+    python bench/bench_gpu.py --compile --only softmax,layernorm   # some cases, beside torch.compile
 """
 from __future__ import annotations
 import argparse
@@ -23,6 +24,8 @@ def parse_args(argv=None):
   ap.add_argument("--compile", action="store_true", help="also time torch.compile (slow to start)")
   ap.add_argument("--beam", type=int, default=0, help="also time each case (but bf16) with kernels chosen by a BEAM "
                   "search of this width (FUSEGRAD_BEAM_BUDGET bounds each kernel's search)")
+  ap.add_argument("--only", default="", help="comma-separated words: the cases whose name starts with one of them "
+                  "(e.g. softmax,layernorm)")
   return ap.parse_args(argv)
 
 
@@ -63,6 +66,7 @@ def main(argv=None) -> None:
     (f"matmul bf16 {mm}^3", [(mm, mm), (mm, mm)], lambda a, b: a @ b, lambda a, b: a @ b, 6 * mm * mm, 2 * mm ** 3,
      "bfloat16"),
   ]
+  if args.only: cases = [c for c in cases if c[0].startswith(tuple(w.strip() for w in args.only.split(",")))]
   rows = []
   todo = [(c, 0) for c in cases] + ([(c, args.beam) for c in cases if len(c) == 6] if args.beam else [])
   for (name, shapes, f_fg, f_th, nbytes, flops, *dtype), beam in todo:

@@ -5,6 +5,9 @@ output axis becomes one value per index (a register tile's outputs, each with it
 loop); an upcast reduction axis becomes several accumulators folded after the loop; an unrolled reduction axis
 becomes several updates of one accumulator per iteration, in the loop's order.
 
+dedupe: values equal in structure become one value (a row's element that several unrolled phases load: read once,
+kept in a register across them); loads only from buffers the kernel does not store to.
+
 bind: GLOBAL axes are derived from one flat work-item index `gidx` (the first GLOBAL axis outermost), LOCAL
 axes, the shared axis (every GROUP_REDUCE and GROUP_LOOP axis: one index) and a warp's lanes (WARP, innermost) from
 the flat index `lidx` within a work-group; index expressions over them simplify.
@@ -13,6 +16,7 @@ tensor_core: a tensor core's tile (OptOp.TC: TC_M/TC_N/TC_K axes and a WARP axis
 fragments read through the tensor core's layouts; it runs first, so the register axes expand copies it.
 """
 from __future__ import annotations
+import dataclasses
 import itertools
 from dataclasses import replace
 from fusegrad.graph import symbolic as sym
@@ -87,6 +91,58 @@ def expand(k: Kernel, caps=None) -> Kernel:
               for x in reg)
   return replace(k, stores=tuple(stores), axes=tuple(a for a in k.axes if a.kind not in REGISTER_KINDS),
                  tiled=k.tiled or tiled)
+
+
+# values that stand for a place in memory or a step of the work-group rather than a pure function of their fields:
+# dedupe keeps each as it is (a LocalLoad reads a tile that changes between steps; a GroupReduce, a Stage and an Mma
+# are work-group or warp operations with their own local memory)
+_OPAQUE = (LocalLoad, Stage, GroupReduce, Mma)
+
+
+def dedupe(k: Kernel) -> Kernel:
+  """Values equal in structure computed once (common subexpressions): after expand, copies of a value at the same
+  register index are equal records made from different nodes, e.g. a row's element that a softmax's max, its sum
+  and its outputs each load when their loops are unrolled over the same indices (heuristic ROW_REGISTERS). A load
+  is merged only from a buffer that no store of the kernel writes (no store can come between two reads of it);
+  LocalLoads, Stages, GroupReduces and Mmas are left as they are (_OPAQUE)."""
+  stored = {st.buf for st in k.stores}
+  canon: dict = {}   # a value's structure (its children by canonical identity) -> the canonical value
+  memo: dict = {}    # id(value) -> its canonical replacement
+  changed = [False]
+
+  def field_key(x):
+    if isinstance(x, Val): return ("val", id(dd(x)))
+    if isinstance(x, tuple) and x and all(isinstance(c, Val) for c in x): return ("vals", tuple(id(dd(c)) for c in x))
+    # a constant by its type and spelling: 0.0 == -0.0 (and True == 1) as keys, not as values
+    if isinstance(x, (bool, int, float, complex)) or type(x).__module__ == "numpy": return (type(x), repr(x))
+    return x
+
+  def rebuilt(v):
+    """v over its children's canonical values (v itself when none changed)."""
+    kw = {}
+    for f in dataclasses.fields(v):
+      x = getattr(v, f.name)
+      if isinstance(x, Val): y = dd(x)
+      elif isinstance(x, tuple) and x and all(isinstance(c, Val) for c in x): y = tuple(dd(c) for c in x)
+      else: continue
+      if y is not x and (not isinstance(x, tuple) or any(a is not b for a, b in zip(x, y))): kw[f.name] = y
+    return replace(v, **kw) if kw else v
+
+  def dd(v):
+    r = memo.get(id(v))
+    if r is not None: return r
+    r = rebuilt(v)
+    if not isinstance(v, _OPAQUE) and not (isinstance(v, (Load, Gather)) and v.buf in stored):
+      key = (type(r),) + tuple(field_key(getattr(r, f.name)) for f in dataclasses.fields(r))
+      try: r = canon.setdefault(key, r)
+      except TypeError: pass   # a field that cannot be a key: the value stays its own
+    if r is not v: changed[0] = True
+    memo[id(v)] = r
+    return r
+
+  for v in toposort([st.value for st in k.stores]): dd(v)   # children first: no deep recursion
+  if not changed[0]: return k
+  return replace(k, stores=tuple(Store(st.buf, st.idx, memo[id(st.value)], st.valid) for st in k.stores))
 
 
 # what a vector UPCAST axis may carry: float32 values of these ops, loads and these reductions (every renderer with

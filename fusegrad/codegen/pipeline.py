@@ -3,11 +3,12 @@
 
   optimize(k, caps, opts)  the actions (the device's heuristic when opts is None) applied: codegen/opt
   prepare(k, caps, ...)    optimized, a tensor core's tile made the warp's Mma, tiles staged in local memory,
-                           register axes expanded, work items bound, linearized
+                           register axes expanded, work items bound,
+                           equal values of a work-group's phases merged (passes.dedupe), linearized
 """
 from __future__ import annotations
 from dataclasses import dataclass
-from fusegrad.codegen.ir import Kernel
+from fusegrad.codegen.ir import Kernel, SHARED_KINDS
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen.opt import apply_opts, heuristic
 from fusegrad.codegen import passes
@@ -29,4 +30,8 @@ def optimize(k: Kernel, caps: Caps, opts=None) -> Kernel:
 def prepare(k: Kernel, caps: Caps, opts=None) -> Prepared:
   ko = optimize(k, caps, opts)
   ke, _, _ = passes.bind(passes.group(passes.expand(passes.stage(passes.tensor_core(ko)), caps)))
+  # equal values merged where a work-group's phases meet at barriers (a shared axis: GROUP_REDUCE, GROUP_LOOP): a
+  # device compiler merges equal values itself, but moves no global load past a barrier. After bind: a grouped
+  # reduction's index and its output loop's are one lidx only there. Other kernels keep their source as it was
+  if ke.of_kind(*SHARED_KINDS): ke = passes.dedupe(ke)
   return Prepared(ke, linearize(ke), ko.opts)

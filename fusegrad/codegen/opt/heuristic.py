@@ -318,6 +318,14 @@ GROUP_SIZE = 256
 # the fewest work items that share a kernel's reductions and output loops (the schedule keeps such a fused kernel
 # only when its reductions' lengths have a power-of-two factor this large)
 GROUP_MIN = 16
+# a kernel whose reductions and output loops a work-group shares (softmax, layernorm) keeps each item's share of the
+# row in registers, loaded once for every phase, when that share is at most this many values per reduction and per
+# output loop; past it the values (and a softmax's exps beside them) would crowd the registers that let several
+# groups share a multiprocessor (or spill), and it keeps one loop per phase. H100 through OpenCL, kernel times:
+# softmax 8192x8192 (32 per item) 0.312 -> 0.222 ms, layernorm 0.210 -> 0.206; the second kernel of a 4096x16384
+# softmax (its sum and outputs, 64 per item) 0.456 -> 0.349, of layernorm 0.422 -> 0.317; softmax 16384x4096
+# 0.250 -> 0.202; layernorm of 4096 and rows of 2048 within noise (bench/README.md, GPU)
+ROW_REGISTERS = 64
 # a matmul's work-group: MM_LOCAL x MM_LOCAL work items, each a t x t register tile (columns in a vector), t the first
 # of MM_TILES whose block divides the matrix (H100, f32 4096^3 through OpenCL: t=8 18.8 TFLOP/s, 4 13.0, 2 10.1)
 MM_LOCAL, MM_TILES = 16, (8, 4)
@@ -401,7 +409,19 @@ def _work_groups(k: Kernel, caps: Caps) -> list:
     if g >= GROUP_MIN:
       k0, n0 = k, len(opts)
       if all(do(OptOp.GROUP, r.loops[-1], g) is not None for r in reduces) and \
-         all(do(OptOp.LOCAL, v, g) is not None for v in loops): return opts
+         all(do(OptOp.LOCAL, v, g) is not None for v in loops):
+        # each item's share of the row in registers: what is left of every reduction's loops (UNROLL, in order) and
+        # of the output loops (UPCAST) becomes straight-line code at the same indices in every phase, so each element
+        # is loaded once (passes.dedupe merges the phases' loads, and the exp of a softmax) and kept across the
+        # group's barriers, instead of a loop per phase reading the row again (softmax: three reads, layernorm three)
+        rest = [a for a in k.axes if a.kind in (K.REDUCE, K.LOOP) and a.size > 1]
+        per = [_extent([a.var for a in rest if a.kind is K.LOOP])] + \
+            [_extent([x for x in r.loops if k.axes[k.axis_index(x)].kind is K.REDUCE]) for r in _reduces(k)]
+        if rest and max(per) <= ROW_REGISTERS:
+          k1, n1 = k, len(opts)
+          if not all(do(OptOp.UNROLL if a.kind is K.REDUCE else OptOp.UPCAST, a.var, a.size) is not None for a in rest):
+            k, opts[n1:] = k1, []
+        return opts
       k, opts[n0:] = k0, []
     if len(reduces) == 1:   # the reduction alone (its outputs' loops run in every item, the first stores)
       g = _pow2_divisor(reduces[0].loops[-1].hi + 1, most, GROUP_MIN)
