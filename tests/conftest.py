@@ -36,6 +36,17 @@ def rng() -> np.random.Generator:
   return np.random.default_rng(seed)
 
 
+@pytest.fixture(autouse=True)
+def _no_runtime_sizes_left():
+  """Each test starts as a fresh process does, before any fusegrad.Variable is bound: binding one sets a
+  process-wide flag (graph/dims.bound_any) that turns forward templates off and keys nodes by their runtime sizes,
+  so a test that counts template hits or kernels would depend on which tests ran before it in its worker. (The
+  graphs of earlier tests are dead by then: no shape of a live node holds a runtime size.)"""
+  from fusegrad.graph import dims
+  dims.bound_any[0] = False
+  yield
+
+
 # files whose OPENCL rows run in `make test-ops` (see below): the per-operator tests, the layers built of many
 # operators (nn layers, transformer and recurrent layers: a minute and a half of PoCL compiles on a fresh machine),
 # and the graph templates' library functions and training steps (their logic is the device's: CPU rows cover it)

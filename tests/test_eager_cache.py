@@ -194,3 +194,29 @@ def test_threads_replay_the_same_structure(rng):
   finally:
     sys.setswitchinterval(old)
   assert not errors, errors[0]
+
+
+def test_nodes_are_invisible_to_the_garbage_collector_and_freed_by_reference_counts(rng):
+  """A step's nodes cost Python's collector nothing (graph/node.py: untracked), and still die with their last
+  reference: nothing leaks, with the collector never run."""
+  import gc
+  import weakref
+  from fusegrad.graph import node as gn
+  if gn._untrack is None: pytest.skip("not CPython: nodes stay tracked (correct, only slower)")
+  gc.disable()
+  try:
+    x = fg.tensor(rng.standard_normal((4, 8)).astype(np.float32), requires_grad=True)
+    y = ((x * 2).exp().sum(1) + x.T.mean(0)).relu()
+    nodes = y.node.toposort()
+    assert len(nodes) >= 4
+    views = [r for k, r in gn._cache.items() if r() is not None and r() in nodes]
+    assert views and not any(gc.is_tracked(r) for r in views)
+    assert not any(gc.is_tracked(n) or (n.src and gc.is_tracked(n.src)) for n in nodes)
+    refs = [weakref.ref(n) for n in nodes if n is not x.node]   # (x keeps its own)
+    y.backward(fg.ones_like(y))
+    np.testing.assert_allclose(x.grad.numpy().shape, (4, 8))
+    del y, nodes, views
+    x.grad = None
+    assert all(r() is None for r in refs), "a node outlived its last reference"
+  finally:
+    gc.enable()

@@ -22,6 +22,28 @@ from fusegrad.graph.view import View, prod
 _seq = itertools.count()
 
 
+def _gc_untracker():
+  """CPython's PyObject_GC_UnTrack, or None where there is no such call (another Python).
+
+  The garbage collector need not see nodes: a node refers only to older nodes (src), its buffer and plain values
+  (dtype, shape, view, constant), so no reference cycle can pass through one, and reference counting frees every
+  node. Left tracked, the thousands of nodes a training step makes while it runs are scanned by each young
+  collection and, living for the step, promoted to the oldest generation, whose full collections (which scan every
+  object of the process: torch's, numpy's, the user's) they set off: a small GPT's eager step spent a third of its
+  time there. Untracked, a node costs the collector nothing; its tuple of sources is untracked with it (the
+  collector keeps any tuple that holds instances of a class tracked, whether they are or not)."""
+  try:
+    import ctypes
+    f = ctypes.pythonapi.PyObject_GC_UnTrack
+    f.argtypes, f.restype = [ctypes.py_object], None
+    return f
+  except (ImportError, AttributeError, OSError):
+    return None
+
+
+_untrack = _gc_untracker()
+
+
 class Node:
   # seq: creation order; a node's sources are always older, so sorting by seq is a topological order (the
   # scheduler's structural key walks graphs in it)
@@ -32,6 +54,9 @@ class Node:
     self.op, self.dtype, self.src, self.arg, self.shape, self.device = op, dtype, src, arg, shape, device
     self.buffer = self.skey = None
     self.seq = next(_seq)
+    if _untrack is not None:
+      _untrack(self)
+      if src: _untrack(src)   # (the collector keeps a tuple holding objects of a class tracked, untracked or not)
 
   @property
   def realized(self) -> bool: return self.buffer is not None
@@ -63,6 +88,22 @@ class Node:
 _cache: "dict[tuple, weakref.ref]" = {}
 _sweep_at = [1 << 14]
 
+# one shared copy of each shape and view (as a plain tuple) that keys hold. The collector stops tracking a tuple of
+# untracked values when a young collection sees it, but a key made of fresh tuples is seen before them (the collector
+# moves objects that only young ones refer to behind those that refer to them), so it stays tracked and is promoted
+# with the step's graph; keys that hold old, shared tuples are untracked at their first collection
+_plain: dict = {}
+PLAIN_MAX = 1 << 16
+
+
+def plain(t: tuple) -> tuple:
+  """t's shared copy (the first equal tuple seen)."""
+  p = _plain.get(t)
+  if p is None:
+    if len(_plain) > PLAIN_MAX: _plain.clear()
+    p = _plain[t] = t
+  return p
+
 
 def make(op, dtype, src, arg, shape, device) -> Node:
   a = arg
@@ -70,17 +111,23 @@ def make(op, dtype, src, arg, shape, device) -> Node:
     a = (type(arg), arg) if arg or type(arg) is not float else (float, arg, math.copysign(1.0, arg))
   elif type(arg) is float and arg != arg: a = ("nan",)
   elif op == "VIEW": a = tuple(arg)
-  # plain values only (the dtype by name, a view as a plain tuple): such a tuple leaves the garbage collector's
-  # tracking at its first young collection instead of being promoted with the graph it keys and scanned in every
-  # full collection (a training step makes thousands of nodes that live for the step)
-  key = (op, dtype.name, tuple(map(id, src)), a, shape, device)
-  if dims.bound_any[0]: key += (dims.tags(shape),)   # a runtime size is no equal plain one (graph/dims.py)
+  # plain values only (the dtype by name, a view as a shared plain tuple): such a tuple leaves the garbage
+  # collector's tracking at its first young collection instead of being promoted with the graph it keys and scanned
+  # in every full collection (a training step makes thousands of nodes that live for the step)
+  if dims.bound_any[0]:   # (not shared: a runtime size equals a plain int, yet is not one; graph/dims.py)
+    shape = tuple(shape)
+    key = (op, dtype.name, a, shape, device, dims.tags(shape), *map(id, src))
+  else:
+    shape = plain(tuple(shape))
+    if op == "VIEW": a = plain(a)
+    key = (op, dtype.name, a, shape, device, *map(id, src))   # one flat tuple: one object for the collector to track
   r = _cache.get(key)
   if r is not None:
     n = r()
     if n is not None and n.buffer is None: return n
-  n = Node(op, dtype, tuple(src), arg, tuple(shape), device)
-  _cache[key] = weakref.ref(n)
+  n = Node(op, dtype, tuple(src), arg, shape, device)
+  _cache[key] = r = weakref.ref(n)
+  if _untrack is not None: _untrack(r)   # a weak reference without a callback refers to nothing: no cycle either
   if len(_cache) > _sweep_at[0]: _sweep()
   return n
 

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from fusegrad import config
 from fusegrad.graph import ops, dims
-from fusegrad.graph.node import Node
+from fusegrad.graph.node import Node, plain
 from fusegrad.codegen.lower import (analyze, build, dim_map, is_param, param_value, param_values, DimOf, Fixed,
                                     NeedsRealize)
 from fusegrad.schedule import rules
@@ -100,16 +100,19 @@ def _structure(roots: list[Node]) -> tuple[tuple, list[Node]]:
   if tagged: return _structure_tagged(roots, nodes, index)
   for n in nodes:
     if n.buffer is not None:
-      push(("IN", n.dtype, n.shape, n.device))
+      push(("IN", n.dtype.name, n.shape, n.device))
       continue
     src = n.src
     if n.op == "VIEW" and src[0].buffer is not None:   # a view of a buffer: keyed without its offset
-      push(("VIEW", n.dtype, n.shape, n.device, _view_key(n.arg), 1))
+      push(("VIEW", n.dtype.name, n.shape, n.device, _view_key(n.arg), 1))
     else:
       k = n.skey
       if k is None:   # the node's own part, kept on it (nothing in it changes while the node is unrealized)
+        # plain values only (a dtype by name, a view as a tuple), as node.make's keys: the collector stops tracking
+        # such a tuple at its first young collection, rather than promoting one per node with the step's graph
         a = n.arg
-        k = n.skey = (n.op, n.dtype, n.shape, n.device, a if a is None or not isinstance(a, (bool, int, float)) else
+        k = n.skey = (n.op, n.dtype.name, n.shape, n.device, plain(tuple(a)) if n.op == "VIEW" else a
+                      if a is None or not isinstance(a, (bool, int, float)) else
                       _PARAM if is_param(n) else _arg_key(a), len(src))
       push(k)
     for x in src: push(index[id(x)])
