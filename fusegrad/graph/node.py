@@ -126,8 +126,7 @@ def make(op, dtype, src, arg, shape, device) -> Node:
     n = r()
     if n is not None and n.buffer is None: return n
   n = Node(op, dtype, tuple(src), arg, shape, device)
-  _cache[key] = r = weakref.ref(n)
-  if _untrack is not None: _untrack(r)   # a weak reference without a callback refers to nothing: no cycle either
+  _cache[key] = weakref.ref(n)   # (left tracked: untracking it too measured no faster)
   if len(_cache) > _sweep_at[0]: _sweep()
   return n
 
