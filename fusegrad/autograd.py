@@ -712,6 +712,11 @@ def backward(t, gradient=None, retain_graph: bool | None = None, create_graph: b
     inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     if not inputs: raise RuntimeError("'inputs' argument to backward() cannot be empty.")
   grads, order = _run([t], [_seed(t, gradient)], inputs, retain_graph, create_graph)
+  if len(t.node.shape) == 0 and not t.node.realized:
+    # a training loop reads its loss after the step (`loss.item()`): computed with the step's realize (the
+    # optimizer's), from the values that realize has at hand, rather than by a realize of its own afterwards
+    from fusegrad.engine import realize as _realize
+    _realize.later(t)
   targets = inputs if inputs is not None else [x for x in order if x._ctx is None and x.requires_grad]
   for leaf in targets:
     if id(leaf) in grads:

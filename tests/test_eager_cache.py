@@ -218,3 +218,28 @@ def test_nodes_are_invisible_to_the_garbage_collector_and_freed_by_reference_cou
     assert all(r() is None for r in refs), "a node outlived its last reference"
   finally:
     gc.enable()
+
+
+def test_the_loss_is_computed_with_the_optimizer_step(device, rng):
+  """backward() asks for its scalar loss with the next realize (realize.later): the optimizer step's realize
+  computes it, and `loss.item()` afterwards runs no kernel (a realize of its own, every step, before)."""
+  import torch
+  w0 = rng.standard_normal((8, 4)).astype(np.float32)
+  x0 = rng.standard_normal((16, 8)).astype(np.float32)
+  lin = nn.Linear(8, 4)
+  lin.weight = nn.Parameter(fg.tensor(w0.T.copy(), device=device))
+  lin.bias = nn.Parameter(fg.zeros(4, device=device))
+  opt = fg.optim.SGD(lin.parameters(), lr=0.1)
+  tl = torch.nn.Linear(8, 4)
+  with torch.no_grad():
+    tl.weight.copy_(torch.tensor(w0.T)); tl.bias.zero_()
+  topt = torch.optim.SGD(tl.parameters(), lr=0.1)
+  for _ in range(3):
+    loss = F.softplus(lin(fg.tensor(x0, device=device))).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    with fg.track() as t:
+      v = loss.item()
+    assert t.kernels == [], [k.name for k in t.kernels]
+    tloss = torch.nn.functional.softplus(tl(torch.tensor(x0))).mean()
+    topt.zero_grad(); tloss.backward(); topt.step()
+    np.testing.assert_allclose(v, tloss.item(), rtol=1e-5)

@@ -318,7 +318,8 @@ def test_linear_input_gradient_through_a_flatten_is_tiled(rng):
   MNIST convnet's fc1, whose innermost axis of 12 left it scalar and untiled: 13 ms of a 25 ms step). Lowering merges
   the output axes every index reads as one (codegen/lower.merge_axes): the kernel gets a register tile whose column
   vectors lie on the merged c*h*w axis. Its operand 2 * y (the square's gradient) is stored for the tile
-  (rules.tile_operands), as for any tiled matmul: three kernels. Values match torch."""
+  (rules.tile_operands), as for any tiled matmul: three kernels, and the loss's sum computed with them (a loss that
+  backward ran from is computed by the next realize: autograd.backward). Values match torch."""
   import torch
   from fusegrad.codegen.opt import heuristic
   from fusegrad.runtime import device as rd
@@ -329,14 +330,17 @@ def test_linear_input_gradient_through_a_flatten_is_tiled(rng):
   with fg.track() as t:
     loss.backward()
     gx = tx.grad.numpy()
-  assert len(t.kernels) == 3, [k.name for k in t.kernels]   # pinned
+    lv = loss.item()
+  assert len(t.kernels) == 4 and t.kernels[-1].name == "r_scalar", [k.name for k in t.kernels]   # pinned
   k = next(k for k in t.kernels if k.name == "r_8_16_12_12")
   lanes = heuristic.tile_lanes(rd.get(DEV).caps)
   assert any(o.op.name == "UPCAST" and o.arg == lanes for o in k.opts) and len(k.opts) >= 2, k.opts
   assert k.flops <= 2 * 8 * 2304 * 128 * 1.01, k.flops   # g @ w once (fused with 2 * y it recomputed y per element)
   rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
-  torch.nn.functional.linear(torch.flatten(rx, 1), rw).square().sum().backward()
+  tl = torch.nn.functional.linear(torch.flatten(rx, 1), rw).square().sum()
+  tl.backward()
   np.testing.assert_allclose(gx, rx.grad.numpy(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(lv, tl.item(), rtol=1e-4)
 
 
 def test_a_big_window_gradient_is_stored_once():

@@ -85,17 +85,21 @@ def _structure(roots: list[Node]) -> tuple[tuple, list[Node]]:
   topological order: sources are older). It runs on every realize, a cache hit included, so it is one lean walk;
   equal records mean isomorphic graphs whatever order produced them, so the order only decides hits, never
   correctness."""
-  seen: dict[int, Node] = {}
+  # (nodes hash and compare by identity, in C: sets and dicts of them need no id() calls)
+  seen: set = set()
+  add = seen.add
   stack = list(roots)
+  pop, extend = stack.pop, stack.extend
   while stack:
-    n = stack.pop()
-    if id(n) in seen: continue
-    seen[id(n)] = n
-    if n.buffer is None: stack.extend(n.src)
-  nodes = sorted(seen.values(), key=_by_seq)
-  index = {id(n): i for i, n in enumerate(nodes)}
+    n = pop()
+    if n in seen: continue
+    add(n)
+    if n.buffer is None: extend(n.src)
+  nodes = sorted(seen, key=_by_seq)
+  index = dict(zip(nodes, range(len(nodes))))
+  at = index.__getitem__
   flat: list = []
-  push = flat.append
+  push, extend = flat.append, flat.extend
   tagged = dims.bound_any[0]   # runtime sizes are keyed by their Variable too (graph/dims.py)
   if tagged: return _structure_tagged(roots, nodes, index)
   for n in nodes:
@@ -115,8 +119,8 @@ def _structure(roots: list[Node]) -> tuple[tuple, list[Node]]:
                       if a is None or not isinstance(a, (bool, int, float)) else
                       _PARAM if is_param(n) else _arg_key(a), len(src))
       push(k)
-    for x in src: push(index[id(x)])
-  for r in roots: push(index[id(r)])
+    for x in src: push(at(x))
+  extend(map(at, roots))
   return tuple(flat), nodes
 
 
@@ -133,8 +137,8 @@ def _structure_tagged(roots: list[Node], nodes: list[Node], index: dict) -> tupl
     if n.op == "VIEW" and src[0].buffer is not None and not dims.tags(src[0].shape): push(_view_key(a))
     else: push(a if a is None or not isinstance(a, (bool, int, float)) else _PARAM if is_param(n) else _arg_key(a))
     push(len(src))
-    for x in src: push(index[id(x)])
-  for r in roots: push(index[id(r)])
+    for x in src: push(index[x])
+  for r in roots: push(index[r])
   return tuple(flat), nodes
 
 
