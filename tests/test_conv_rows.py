@@ -167,3 +167,32 @@ def test_im2col_values_gradients_and_kernels(case, rng):
   for got, want in ((y, ty), (x.grad, ta.grad), (tw.grad, tw2.grad), (tb.grad, tb2.grad)):
     want = want.detach().numpy()
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+def test_im2col_of_a_computed_input_stores_it_padded(rng):
+  """A strided convolution of a computed map (a ResNet's batch norm and relu before it) stores that map padded once,
+  and its windows' copy reads the stored map by strides: no padding conditions, and the batch norm's arithmetic not
+  redone for each window an element falls in (nn/functional._conv_im2col). Values and
+  gradients as PyTorch's."""
+  a = rng.standard_normal((8, 32, 8, 8)).astype(np.float32)
+  s = (rng.standard_normal((1, 32, 1, 1)) + 2).astype(np.float32)
+  w = (rng.standard_normal((64, 32, 3, 3)) / 17).astype(np.float32)
+  x, ts, tw = (fg.Tensor(v, requires_grad=True) for v in (a, s, w))
+  fg.realize(x, ts, tw)
+  with fg.track() as t:
+    y = F.conv2d((x * ts).relu(), tw, stride=2, padding=1).realize()
+  names = [k.name for k in t.kernels]
+  assert "E_8_32_10_10" in names, names                      # the padded map, stored once
+  cols = next(k for k in t.kernels if k.name.endswith("_3_3") and k.name.startswith("E_"))
+  body = cols.source[cols.source.index("void " + cols.name):]
+  # a plain strided copy of the one stored map: no padding conditions, no other input (the scale and relu are not
+  # recomputed per window)
+  assert "?" not in body and "b2" not in body and "b1[" in body, body
+  g = rng.standard_normal(y.shape).astype(np.float32)
+  (y * fg.Tensor(g)).sum().backward()
+  ta, ts2, tw2 = (torch.tensor(v.astype(np.float64), requires_grad=True) for v in (a, s, w))
+  ty = torch.nn.functional.conv2d((ta * ts2).relu(), tw2, stride=2, padding=1)
+  (ty * torch.tensor(g.astype(np.float64))).sum().backward()
+  for got, want in ((y, ty), (x.grad, ta.grad), (ts.grad, ts2.grad), (tw.grad, tw2.grad)):
+    want = want.detach().numpy()
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
