@@ -60,7 +60,7 @@ gpu-test:
 	$(GPU_PY) -m pytest -q -p no:cacheprovider -k OPENCL tests/test_vectors.py tests/unit/test_actions.py \
 	  tests/test_ops.py tests/test_half.py tests/test_fusion.py tests/test_autograd.py tests/test_params.py \
 	  tests/test_conv_rows.py tests/test_variables.py tests/unit/test_tc.py tests/unit/test_prefetch.py \
-	  tests/test_gpu_rows.py
+	  tests/test_gpu_rows.py tests/test_gpu_reduce.py
 
 gpu-bench:
 	$(GPU_PY) bench/bench_gpu.py --compile

@@ -2,8 +2,9 @@
 
 expand: every UPCAST/UNROLL axis is instantiated at each of its indices. A value that depends on an upcast
 output axis becomes one value per index (a register tile's outputs, each with its own accumulator sharing one
-loop); an upcast reduction axis becomes several accumulators folded after the loop; an unrolled reduction axis
-becomes several updates of one accumulator per iteration, in the loop's order.
+loop); an upcast reduction axis becomes several accumulators folded after the loop (and before the work-group
+combines its items' partials, where the reduction is grouped); an unrolled reduction axis becomes several updates of
+one accumulator per iteration, in the loop's order.
 
 dedupe: values equal in structure become one value (a row's element that several unrolled phases load: read once,
 kept in a register across them); loads only from buffers the kernel does not store to.
@@ -40,6 +41,7 @@ def expand(k: Kernel, caps=None) -> Kernel:
   deps = dependencies(roots)
   us = vector_axes(k, caps, deps)
   regset = set(reg) - set(us)
+  shared_vars = {a.var for a in k.of_kind(K.GROUP_REDUCE)}
   memo: dict = {}
 
   def at(v, env: dict):
@@ -67,17 +69,21 @@ def expand(k: Kernel, caps=None) -> Kernel:
     keep = tuple(x for x in v.loops if x not in regset)
     up = [x for x in v.loops if kinds[x] is K.UPCAST and x in regset]
     un = [x for x in v.loops if kinds[x] is K.UNROLL]
+    # a work-group's shared axis (GROUP_REDUCE) folds last: each item folds its accumulators first, and the group
+    # combines one partial per item (one local buffer and one tree, not one per accumulator)
+    shared = tuple(x for x in keep if x in shared_vars) if len(up) else ()
+    inner = tuple(x for x in keep if x not in shared)
     parts = []
     for cu in itertools.product(*(range(x.hi + 1) for x in up)):
       srcs = []
       for cn in itertools.product(*(range(x.hi + 1) for x in un)):
         e = {**env, **dict(zip(up, cu)), **dict(zip(un, cn))}
         srcs += [at(s, e) for s in (v.src,) + v.more]
-      parts.append(Reduce(v.op, v.dtype, keep, srcs[0], tuple(srcs[1:])))
+      parts.append(Reduce(v.op, v.dtype, inner, srcs[0], tuple(srcs[1:])))
     out = parts[0]
     op = (BOOL_FOLD_OP if v.dtype.is_bool else {}).get(v.op, FOLD_OP[v.op])
     for p in parts[1:]: out = Alu(op, v.dtype, (out, p))
-    return out
+    return Reduce(v.op, v.dtype, shared, out) if shared else out
 
   stores = []
   for st in k.stores:
@@ -86,7 +92,7 @@ def expand(k: Kernel, caps=None) -> Kernel:
       env = dict(zip(mine, c))
       senv = {x: sym.const(i) for x, i in env.items()}
       stores.append(Store(st.buf, sym.substitute(st.idx, senv), at(st.value, env), st.valid.substitute(senv)))
-  for u in us: stores = _vectorize(stores, u)
+  for u in us: stores = _vectorize(stores, u, shared_vars)
   tiled = any(kinds[x] is K.UPCAST and not any(x in r.loops for r in toposort(roots) if isinstance(r, Reduce))
               for x in reg)
   return replace(k, stores=tuple(stores), axes=tuple(a for a in k.axes if a.kind not in REGISTER_KINDS),
@@ -174,18 +180,26 @@ def vector_axes(k: Kernel, caps, deps: dict) -> list:
   along it is a float32 load, arithmetic op, comparison read as a condition (`_masks`) or reduction, and no value is
   along an axis taken before (a softmax's max lanes, its sum's lanes and its output's lanes: three vectors). An
   axis after the first needs a stride-1 load or store (else its lanes as scalars are as good). Values after an
-  axis's reductions (an epilogue: a mask, a transcendental function) may be anything: they run lane by lane."""
-  widths = caps.vector_widths if caps is not None and not k.of_kind(K.GROUP_REDUCE) else ()   # (partials: scalars)
+  axis's reductions (an epilogue: a mask, a transcendental function) may be anything: they run lane by lane.
+  In a kernel with a work-group's reduction (GROUP_REDUCE) only a reduction's own lanes that a load steps along by
+  1 (the vector loads of a long sum: its lanes fold before the group combines its items' partials, which stay
+  scalars in local memory)."""
+  widths = caps.vector_widths if caps is not None else ()
   cands = [a.var for a in k.axes if a.kind is K.UPCAST and a.size in widths]
   if not cands: return []
   vals = toposort([st.value for st in k.stores])
+  grouped = bool(k.of_kind(K.GROUP_REDUCE))
+  if grouped:
+    lanes = {x for v in vals if isinstance(v, Reduce) for x in v.loops}
+    cands = [c for c in cands if c in lanes]
+    if not cands: return []
   if any(isinstance(v, Mma) for v in vals): return []   # a tensor core's fragments are vectors of their own
   idxs = [x.idx for x in vals if isinstance(x, (Load, LocalLoad))] + [st.idx for st in k.stores]
   score = {c: sum(_stride(i, c) == 1 for i in idxs) for c in cands}
   masks = _masks([st.value for st in k.stores], k.stores)
   out, taken = [], set()
   for u in sorted(reversed(cands), key=lambda c: -score[c]):   # stable: the last axis first on a tie
-    if out and not score[u]: continue
+    if (out or grouped) and not score[u]: continue
     region = _vector_region(u, vals, deps, masks)
     if region is None or region & taken: continue
     out.append(u)
@@ -222,11 +236,12 @@ def _stride(idx: sym.Lin, u: sym.Var) -> int | None:
   return step
 
 
-def _vectorize(stores: list, u: sym.Var) -> list:
+def _vectorize(stores: list, u: sym.Var, shared: set = frozenset()) -> list:
   """Stores whose values still depend on the vector axis u, with those values as vectors of u's lanes: loads
   contiguous along u become vector loads (others one load per lane), arithmetic and reductions run on vectors,
   a reduction over u keeps a vector accumulator folded lane by lane in order (as expand's scalar accumulators
-  are), and stores contiguous along u become vector stores."""
+  are; over a work-group's shared axis too, the lanes fold first: the group combines scalars), and stores
+  contiguous along u become vector stores."""
   n = u.hi + 1
   roots = [st.value for st in stores]
   deps = dependencies(roots)
@@ -302,11 +317,13 @@ def _vectorize(stores: list, u: sym.Var) -> list:
         r = Reduce(v.op, v.dtype, v.loops, srcs[0], tuple(srcs[1:]))
       else:
         srcs = [as_vec(c) for c in srcs]
-        acc = Reduce(v.op, vd, tuple(x for x in v.loops if x != u), srcs[0], tuple(srcs[1:]))
+        outer = tuple(x for x in v.loops if x in shared) if u in v.loops else ()
+        acc = Reduce(v.op, vd, tuple(x for x in v.loops if x != u and x not in outer), srcs[0], tuple(srcs[1:]))
         if u not in v.loops: r = acc
         else:   # the lanes folded in order, as expand folds its scalar accumulators
           r = Gep(acc, 0, v.dtype)
           for i in range(1, n): r = Alu(FOLD_OP[v.op], v.dtype, (r, Gep(acc, i, v.dtype)))
+          if outer: r = Reduce(v.op, v.dtype, outer, r)
     elif isinstance(v, Gather):
       src = vz(v.src)
       r = tuple(Gather(v.buf, v.size, lane(src, i), v.dtype) for i in range(n)) if isvec(src) or islanes(src) else \
@@ -437,7 +454,9 @@ def group(k: Kernel) -> Kernel:
       srcs = [rw(c) for c in (v.src,) + v.more]
       g = next((x for x in v.loops if x in shared), None)
       if g is not None:
-        part = Reduce(v.op, v.dtype, tuple(x for x in v.loops if x != g), srcs[0], tuple(srcs[1:]))
+        rest = tuple(x for x in v.loops if x != g)
+        # (no loop left: the item's partial is its value, folded already: expand's accumulators, a vector's lanes)
+        part = Reduce(v.op, v.dtype, rest, srcs[0], tuple(srcs[1:])) if rest or v.more else srcs[0]
         mine, size = flat(g)
         slots = tuple(sym.substitute(mine, {g: sym.const(c)}) for c in range(g.hi + 1))
         r = GroupReduce(v.op, v.dtype, part, g, mine, slots, size)
