@@ -125,3 +125,17 @@ def test_split_sum_values(device, rng):
   t = fg.tensor(x, device=device)
   np.testing.assert_allclose(t.sum().numpy(), x.astype(np.float64).sum(), rtol=1e-5, atol=0.5)
   np.testing.assert_allclose(t.max().numpy(), x.max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vectors_beside_a_grouped_reduction(device, rng):
+  """A softmax whose max is grouped and whose sum runs in vector lanes (a sequence a search may try): the sum reads
+  the group's max broadcast into a vector, which passes.group must see through (it once left a second, serial copy
+  of the max inside the vector: wrong values)."""
+  from tests.unit.kernels import make
+  item = one_kernel(make("softmax", rng, device))
+  assert [(a.kind, a.size) for a in item.kernel.axes][2:] == [(K.REDUCE, 40), (K.REDUCE, 40)], item.kernel.axes
+  opts = (Opt(OptOp.GROUP, 2, 2), Opt(OptOp.UPCAST, 4, 8))
+  src = _source(item, opts)
+  assert src.count("__local") == 1 and "float8 acc" in src and src.count("for (int r0") == 1, src
+  np.testing.assert_allclose(run(item, opts, device), run(item, (), device), rtol=2e-5, atol=2e-6)

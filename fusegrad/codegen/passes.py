@@ -450,6 +450,9 @@ def group(k: Kernel) -> Kernel:
     if r is not None: return r
     if isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(rw(c) for c in v.src))
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, rw(v.src), v.dtype)
+    # (a grouped reduction's result broadcast into a vector, or a vector reduction's lane: expand's vectors)
+    elif isinstance(v, Vectorize): r = Vectorize(tuple(rw(c) for c in v.src), v.dtype)
+    elif isinstance(v, Gep): r = Gep(rw(v.src), v.lane, v.dtype)
     elif isinstance(v, Reduce):
       srcs = [rw(c) for c in (v.src,) + v.more]
       g = next((x for x in v.loops if x in shared), None)
