@@ -127,8 +127,19 @@ def test_split_sum_values(device, rng):
   np.testing.assert_allclose(t.max().numpy(), x.max())
 
 
+@pytest.fixture
+def one_softmax_kernel(monkeypatch):
+  """The softmax of a 40-long row as one kernel on every device: a GPU's own parameters (OPENCL on a GPU under
+  `make gpu-test`) store its max in a kernel of its own (rules.broadcast_reduction: 40 has no power-of-two factor
+  of heuristic.GROUP_MIN)."""
+  monkeypatch.setattr(rules, "GPU", replace(rules.GPU, store_broadcast_reductions=False))
+  S._schedule_cache.clear(); S._lower_cache.clear()
+  yield
+  S._schedule_cache.clear(); S._lower_cache.clear()
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_vectors_beside_a_grouped_reduction(device, rng):
+def test_vectors_beside_a_grouped_reduction(device, rng, one_softmax_kernel):
   """A softmax whose max is grouped and whose sum runs in vector lanes (a sequence a search may try): the sum reads
   the group's max broadcast into a vector, which passes.group must see through (it once left a second, serial copy
   of the max inside the vector: wrong values)."""
