@@ -1363,7 +1363,8 @@ def _take_rows(w: Tensor, idx: Tensor) -> Tensor:
     shape = idx.shape + (row,)
     if not d.realized and d.op != "BUFFER": d = gn.contiguous(d)
     i = gn.broadcast(gn.movement(gn.cast(i, dt.int64), "RESHAPE", idx.shape + (1,)), shape)
-    pos = gn.alu("ADD", gn.alu("MUL", i, gn.const(row, dt.int64, shape, dev)), gn.broadcast(gn.iota(row, dt.int64, dev), shape))
+    col = gn.broadcast(gn.iota(row, dt.int64, dev), shape)
+    pos = gn.alu("ADD", gn.alu("MUL", i, gn.const(row, dt.int64, shape, dev)), col)
     out = Tensor(_node=gn.gather(d, pos))
   else:
     with autograd.no_grad(): out = w[idx]
