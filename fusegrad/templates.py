@@ -15,8 +15,9 @@ a realized one as an input slot), which inputs are the same tensor, which need a
 by value (numbers exactly), the grad mode and the default float dtype. A call is not templated (it runs the
 function) when an argument is something else than tensors and plain values, or where runtime sizes exist; a
 function whose call read a value on the host, ran host code (random numbers draw their keys there), wrote an input,
-returned one of its inputs, or made a node the template cannot express (a node made before the call, a buffer) is
-not recorded (after a few such calls of one key, never again). FUSEGRAD_TEMPLATES=0 turns templates off.
+returned one of its inputs, or reached a node the template cannot express (a realized one or a buffer outside its
+inputs; an unrealized node made before the call, which hash-consing handed back, is a function of the inputs and
+recorded like the call's own) is not recorded (after a few such calls of one key, never again). FUSEGRAD_TEMPLATES=0 turns templates off.
 """
 from __future__ import annotations
 import collections
@@ -24,7 +25,7 @@ import functools
 import threading
 from fusegrad import autograd, config, dtype as dt
 from fusegrad.engine import jit as _jit
-from fusegrad.graph import dims, node as gn, template
+from fusegrad.graph import dims, template
 
 FORWARD = True                # False: backward templates only (tests compare the paths)
 _MAX = 256                    # keys kept per function (least recently used out)
@@ -121,7 +122,7 @@ def _inputs_key(tensors: list) -> tuple[tuple, list]:
 
 
 def _record(fn, args, kwargs, tensors, ext_nodes: list, cache, key, tries: int):
-  start, reads = next(gn._seq), _jit.host_reads[0]
+  reads = _jit.host_reads[0]
   before = [t.node for t in tensors]
   out = fn(*args, **kwargs)
   try:
@@ -133,7 +134,10 @@ def _record(fn, args, kwargs, tensors, ext_nodes: list, cache, key, tries: int):
     if _jit.host_reads[0] != reads: raise template.Untemplatable("the function read or wrote values on the host")
     if any(t.node is not b for t, b in zip(tensors, before)): raise template.Untemplatable("an input was written")
     if any(o is t for o in outs for t in tensors): raise template.Untemplatable("the result is an input")
-    entries, refs = template.record([o.node for o in outs], ext_nodes, template.made_since(start))
+    # a node made before the call is an entry too: the function reached it only by building on its inputs (hash-
+    # consing handed back an equal node that a live graph still holds: the same layer called again on the same
+    # input while the last result's graph lives), so it is a function of them; a realized one still refuses
+    entries, refs = template.record([o.node for o in outs], ext_nodes, lambda n: True)
     # which outputs carry a gradient is a function of the key (the inputs that need one, the grad mode)
     value = (entries, refs, tuple(o.requires_grad for o in outs), many)
     stats["records"] += 1

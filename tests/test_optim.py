@@ -38,7 +38,9 @@ CASES = {
   "adamax": dict(cls="Adamax", kw=dict(lr=0.01)),
   "adamax_betas_wd_maximize": dict(cls="Adamax", kw=dict(lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05,
                                                          maximize=True)),
-  "nadam": dict(cls="NAdam", kw=dict(lr=0.01)),
+  # (60 seeds: worst 2.5e-5 past rtol at seed 30, where torch's float32 run is 8.6e-6 from a float64 one and
+  # fusegrad's 1.8e-5: the reassociated sums of x @ w's backward through NAdam's 1 / sqrt(v) near a zero gradient)
+  "nadam": dict(cls="NAdam", kw=dict(lr=0.01), atol=4e-5),
   # lr 0.02 and beta2 0.99: a near-zero gradient's rounding moves a step by up to ~0.5% of lr (9e-5 over 150 seeds;
   # ~2% of seeds passed 2e-5, with fusegrad's and torch's sums in either order)
   "nadam_wd_momentum_decay": dict(cls="NAdam", kw=dict(lr=0.02, betas=(0.8, 0.99), weight_decay=0.05,
