@@ -49,9 +49,10 @@ def _no_runtime_sizes_left():
 
 # files whose OPENCL rows run in `make test-ops` (see below): the per-operator tests, the layers built of many
 # operators (nn layers, transformer and recurrent layers: a minute and a half of PoCL compiles on a fresh machine),
-# and the graph templates' library functions and training steps (their logic is the device's: CPU rows cover it)
+# the graph templates' library functions and training steps, and the optimizers' trajectories against torch's
+# (their logic is the device's elementwise kernels: the CPU and PYTHON rows cover it)
 OPS_FILES = ("test_ops.py", "test_autograd.py", "test_transformer.py", "test_rnn.py", "test_nn_layers.py",
-             "test_templates.py")
+             "test_templates.py", "test_optim.py")
 
 
 def pytest_collection_modifyitems(config, items):
