@@ -65,14 +65,20 @@ def tile_lanes(caps: Caps | None) -> int:
   return max((w for w in caps.vector_widths if w <= OUT_LANES), default=OUT_LANES)
 
 
+def accumulator_vectors(caps: Caps) -> int:
+  """The vectors of `tile_lanes` a register tile's accumulators may take (the registers but SPARE_REGISTERS, or
+  Caps.tile_registers, over the registers one such vector takes)."""
+  per_vector = max(1, tile_lanes(caps) // caps.native_lanes)
+  return (caps.tile_registers or caps.vector_registers - SPARE_REGISTERS) // per_vector
+
+
 def tile_shape(caps: Caps | None) -> tuple[tuple, int]:
   """(row counts to try, most first; column vectors) of a register tile whose accumulators fit in the registers."""
   if caps is None: return (ROW_LANES,), COL_VECTORS
-  per_vector = max(1, tile_lanes(caps) // caps.native_lanes)      # registers holding one column vector
-  budget = caps.tile_registers or caps.vector_registers - SPARE_REGISTERS
+  budget = accumulator_vectors(caps)
   want = max(1, (caps.tile_columns or TILE_COLUMNS) // tile_lanes(caps))
   for cv in sorted({want, *(c for c in (4, 2, 1) if c < want)}, reverse=True):   # fewer where the rows do not fit
-    rows = tuple(r for r in TILE_ROWS if r * cv * per_vector <= budget)
+    rows = tuple(r for r in TILE_ROWS if r * cv <= budget)
     if rows and rows[0] >= ROW_LANES: return rows, cv
   return (ROW_LANES,), 1
 
@@ -302,7 +308,7 @@ def dot_tile(k: Kernel, caps: Caps) -> list:
     # matmuls): all its rows in the tile and as many columns as the registers then hold, so the big operand (the
     # weights) streams through once. Each output alone re-read it for every row (ResNet-18's 8 x 4608 @ 4608 x 512:
     # 1.2 ms at 8 GB/s)
-    budget = (caps.tile_registers or caps.vector_registers - SPARE_REGISTERS) // max(1, lanes // caps.native_lanes)
+    budget = accumulator_vectors(caps)
     rows = next((v for v in reversed(shared) if 4 < v.hi + 1 <= budget // 2), None)
     if rows is not None:
       n = 1
