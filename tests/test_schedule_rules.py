@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import fusegrad as fg
 from fusegrad.codegen.opt import heuristic
+from fusegrad.runtime.device import get as get_device
 from fusegrad import config
 from fusegrad.schedule import rules
 from fusegrad.schedule import schedule as S
@@ -69,7 +70,10 @@ def test_matmul_reduction_work_is_bounded(rng, fresh_caches):
     assert total <= 1.1 * (2 * n * k * n), total
     for r in t.kernels:
       # at most one register tile of dot products per work item
-      tile = max(heuristic.TILE_ROWS) * heuristic.OUT_LANES * heuristic.COL_VECTORS
+      caps = get_device(r.device).caps
+      rows, vectors = heuristic.tile_shape(caps)
+      tile = max(max(heuristic.TILE_ROWS) * heuristic.OUT_LANES * heuristic.COL_VECTORS,
+                 rows[0] * vectors * heuristic.tile_lanes(caps))
       assert r.flops / np.prod(r.global_size) <= tile * 2 * k, (r.name, r.flops, r.global_size)
     np.testing.assert_allclose(out, fn(a.astype(np.float64) @ b), rtol=1e-4, atol=2e-2)
 

@@ -487,15 +487,23 @@ def substitute_kernel(k: Kernel, env: dict, loops: dict | None = None, axes: tup
   return replace(k, stores=stores, axes=k.axes if axes is None else axes, **changes)
 
 
-def guard(k: Kernel, var: sym.Var, inside: sym.Cond) -> Kernel:
+def guard(k: Kernel, var: sym.Var, inside: sym.Cond, wrap: int = 0) -> Kernel:
   """k computing nothing where `inside` fails: every load and index that uses var is guarded by it, a reduction
   over var adds its identity there, and a store over var stores nothing there (an axis padded past its size,
-  codegen/opt PADTO; a dimension sized at run time, codegen/lower)."""
+  codegen/opt PADTO; a dimension sized at run time, codegen/lower).
+  wrap (PADTO: the axis's size, var < 2 * wrap): where no reduction folds var (an output axis), what is computed at
+  its padded indices reaches only the stores it guards, so a load reads at var % wrap, in bounds, instead of being
+  guarded: a register tile's padded rows then read without a condition per load (gcc kept a branch per row inside
+  the reduction loop: a 12-row matmul tile 114 -> 158 GFLOP/s a core on an AVX-512 Xeon)."""
   memo: dict = {}
+  if wrap and any(var in r.loops for r in toposort([st.value for st in k.stores]) if isinstance(r, Reduce)): wrap = 0
+  env = {var: sym.mod(sym.lin(var), wrap)} if wrap else None
   def g(v):
     r = memo.get(id(v))
     if r is not None: return r
-    if isinstance(v, Load) and var in sym.variables(v.idx): r = Load(v.buf, v.idx, v.valid & inside, v.dtype)
+    if isinstance(v, Load) and env is not None and var in sym.variables(v.idx) | v.valid.variables():
+      r = Load(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.dtype)
+    elif isinstance(v, Load) and var in sym.variables(v.idx): r = Load(v.buf, v.idx, v.valid & inside, v.dtype)
     elif isinstance(v, Index) and var in sym.variables(v.idx): r = Index(v.idx, v.valid & inside, v.dtype)
     elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(g(c) for c in v.src))
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, g(v.src), v.dtype)

@@ -288,7 +288,7 @@ class PythonDevice(Device):
     from fusegrad.runtime.cpu import host_vectors, host_vector_widths, tile_caps
     regs, lanes, _ = host_vectors()
     self._caps = Caps(has_local=True, max_local=1024, local_bytes=1 << 16, vector_widths=host_vector_widths((4, 8, 16)),
-                      vector_registers=regs, native_lanes=lanes, **tile_caps(regs))
+                      vector_registers=regs, native_lanes=lanes, **tile_caps(regs, lanes))
   @property
   def caps(self): return self._caps
 

@@ -85,7 +85,7 @@ def test_illegal_actions_say_why(rng):
   with pytest.raises(OptError, match="one kind"): apply_opt(k, Opt(OptOp.SWAP, 0, 1), cpu)
   with pytest.raises(OptError, match="exceed the device"):
     k2 = apply_opt(k, Opt(OptOp.UPCAST, 1, 64), cpu)
-    apply_opt(k2, Opt(OptOp.UPCAST, 0, 8), cpu)
+    apply_opt(k2, Opt(OptOp.UPCAST, 0, 40), cpu)
 
 
 def test_padto_computes_nothing_past_the_size(rng):
@@ -99,6 +99,29 @@ def test_padto_computes_nothing_past_the_size(rng):
   _close(run(item, opts), want)
 
 
+def test_padded_output_rows_read_in_bounds_without_conditions(rng):
+  """A padded output axis (no reduction folds it) reads its padded indices at index % size, unguarded: their values
+  reach only the stores the padding guards. A padded reduction axis still adds the identity there."""
+  from fusegrad.codegen.ir import Load, toposort
+  from fusegrad.graph import symbolic as sym
+  item = one_kernel(make("sum_rows", rng))     # 40 rows x 64
+  caps = rd.get("PYTHON").caps
+  k = apply_opt(item.kernel, Opt(OptOp.PADTO, 0, 16), caps)
+  rows = k.axes[0].var
+  loads = [v for st in k.stores for v in toposort([st.value]) if isinstance(v, Load)]
+  assert loads and all(rows not in x.valid.variables() for x in loads)
+  assert all(rows in st.valid.variables() for st in k.stores)      # the padded rows store nothing
+  for x in loads:   # every padded row reads a real one
+    seen = {sym.evaluate(x.idx, {rows: r, k.axes[1].var: 0}) for r in range(48)}
+    assert max(seen) < 40 * 64 and min(seen) >= 0
+  want = run(item, ())
+  _close(run(item, (Opt(OptOp.PADTO, 0, 16), Opt(OptOp.UPCAST, 0, 16))), want)
+  kr = apply_opt(item.kernel, Opt(OptOp.PADTO, 1, 48), caps)   # the reduction: 64 -> 96, guarded
+  red = kr.axes[1].var
+  assert any(red in x.valid.variables() for st in kr.stores for x in toposort([st.value]) if isinstance(x, Load))
+  _close(run(item, (Opt(OptOp.PADTO, 1, 48),)), want)
+
+
 def test_heuristic_tiles_a_matmul(rng):
   item = one_kernel(make("matmul_big", rng))
   caps = _avx512(rd.get("CPU").caps)   # (an AVX2 machine's tile: test_heuristic_pads_rows_to_the_tile_that_fits)
@@ -107,6 +130,33 @@ def test_heuristic_tiles_a_matmul(rng):
   assert [o.op for o in opts] in ([OptOp.UPCAST] * 2 + [OptOp.SWAP], [OptOp.UPCAST] * 3 + [OptOp.SWAP]), opts
   assert (opts[0].arg, opts[1].arg) == (heuristic.ROW_LANES, heuristic.tile_lanes(caps))
   if len(opts) == 4: assert opts[2].arg == heuristic.tile_shape(caps)[1]
+
+
+def test_gcc_avx512_tile_is_six_rows_of_four_vectors(rng):
+  """With gcc on AVX-512 the register tile is 6 rows x 4 vectors of 16 columns (24 of the 32 registers; rows padded
+  to a multiple of 6 where that wastes little); values match numpy on the interpreter and compiled."""
+  for n in (96, 100):
+    a, b = rng.standard_normal((n, 64)).astype(np.float32), rng.standard_normal((64, 256)).astype(np.float32)
+    item = one_kernel(fg.Tensor(a) @ fg.Tensor(b))
+    opts = heuristic.hand_coded(item.kernel, _avx512_gcc(rd.get("PYTHON").caps))
+    ups = [o.arg for o in opts if o.op is OptOp.UPCAST]
+    assert ups == [6, 16, 4], opts
+    assert any(o.op is OptOp.PADTO for o in opts) == (n % 6 != 0), opts
+    _close(run(item, tuple(opts)), a @ b)
+    _close(run(item, tuple(opts), "CPU"), a @ b)
+
+
+def test_heuristic_loops_a_transposing_copy_along_its_reads(rng):
+  """A copy that writes consecutive vectors but reads them a row apart (a matmul's operand packed in panels) loops
+  over the neighbouring vectors of a row in each work item; the copy is exact."""
+  b = rng.standard_normal((256, 128)).astype(np.float32)
+  x = fg.Tensor(b).reshape(256, 8, 16).permute(1, 0, 2).contiguous()
+  item = one_kernel(x)
+  opts = heuristic.hand_coded(item.kernel, _avx512(rd.get("PYTHON").caps))
+  assert [o.op for o in opts] == [OptOp.UPCAST, OptOp.LOOP] and opts[1].arg == heuristic.TRANSPOSE_LOOP, opts
+  want = b.reshape(256, 8, 16).transpose(1, 0, 2)
+  np.testing.assert_array_equal(run(item, tuple(opts)), want)
+  np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), want)
 
 
 @pytest.mark.parametrize("name", ["matmul", "softmax", "conv", "int_sum"])
@@ -173,7 +223,14 @@ def test_gpu_heuristic_keeps_the_result(name, rng):
 def _avx512(caps):
   from dataclasses import replace
   return replace(caps, vector_widths=(4, 8, 16), vector_registers=32, native_lanes=16, prefers_blocking=True, tile_registers=0, tile_columns=0,
-                 has_local=False)
+                 has_local=False, max_registers=256)
+
+
+def _avx512_gcc(caps):
+  """AVX-512 caps as the CPU device sets them with gcc (runtime/cpu.tile_caps)."""
+  from dataclasses import replace
+  from fusegrad.runtime.cpu import tile_caps
+  return replace(_avx512(caps), **{k: v for k, v in tile_caps(32, 16).items() if k != "tile_registers"})
 
 
 def test_heuristic_tiles_a_panel_matmul_on_its_rows(rng):
@@ -281,7 +338,7 @@ def test_heuristic_loops_an_elementwise_axis_without_vectors(rng):
 def _avx2(caps):
   from dataclasses import replace
   return replace(caps, vector_widths=(4, 8), vector_registers=16, native_lanes=8, prefers_blocking=True, tile_registers=0, tile_columns=0,
-                 has_local=False)
+                 has_local=False, max_registers=256)
 
 
 def test_heuristic_pads_rows_to_the_tile_that_fits(rng):

@@ -262,7 +262,7 @@ def _padto(k, opt, a, caps):
   vp = sym.Var(name, 0, new - 1)
   inside = sym.Cond.range(sym.lin(vp), 0, a.size)
   k = substitute_kernel(k, {v: sym.lin(vp)}, {v: (vp,)}, k.axes[:opt.axis] + (Axis(vp, a.kind, a.end),) + k.axes[opt.axis + 1:])
-  return guard(k, vp, inside)
+  return guard(k, vp, inside, wrap=a.size)
 
 
 def tc_axes(k: Kernel, kaxis: Axis, tc) -> tuple | str:

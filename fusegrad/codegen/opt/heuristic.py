@@ -217,7 +217,11 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     w = next((w for w in sorted(caps.vector_widths, reverse=True) if (g.hi + 1) % w == 0 and k.groups >= w * MIN_PARALLEL),
              None)
     kv = _in_vectors(k, g, w, caps) if w is not None else None
-    if kv is not None: opts.append(kv.opts[-1])
+    if kv is not None:
+      k = kv
+      opts.append(kv.opts[-1])
+      a = _transposing_read(k, w)
+      if a is not None: do(OptOp.LOOP, a.var, _pow2_divisor(a.size, TRANSPOSE_LOOP))
     else:
       # no vector values (a transcendental function, a gather, a copy into windows): the innermost axes as loops in
       # each work item, nested, until they hold INNER_LOOP_MIN indices (a plain stride-1 loop the C compiler
@@ -262,6 +266,29 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       k = kv
       opts.append(kv.opts[-1])
   return opts
+
+
+# a copy whose work items write consecutive vectors but read them far apart (packing a matmul's operand in panels:
+# one row of b per item) reads this many neighbouring vectors per work item instead, looping over the axis the read
+# runs along: 2048^2 floats packed in 3.6 -> 2.2 ms, 1024^2 0.46 -> 0.30 ms (2-core Xeon, AVX-512)
+TRANSPOSE_LOOP = 8
+
+
+def _transposing_read(k: Kernel, w: int):
+  """The GLOBAL axis a load of k continues along after its vector of w lanes (stride w), when the work items run
+  fastest along an axis that all stores step along by w (consecutive vectors) and that load jumps along by more
+  than a few cache lines; else None."""
+  gl = k.of_kind(K.GLOBAL)
+  if len(gl) < 2: return None
+  fast = gl[-1].var
+  coef = lambda x: dict(sym.lin(x).terms).get(fast, 0)
+  if any(coef(st.idx) != w for st in k.stores): return None
+  for x in (v for st in k.stores for v in toposort([st.value]) if isinstance(v, Load)):
+    terms = dict(sym.lin(x.idx).terms)
+    if terms.get(fast, 0) >= 4 * w:
+      a = next((g for g in gl[:-1] if terms.get(g.var) == w and g.size >= 2), None)
+      if a is not None: return a
+  return None
 
 
 def _extent(vs) -> int:
