@@ -305,3 +305,45 @@ def test_large_matmul_reads_panels_on_vector_tile_devices(rng, fresh_caches):
   py = realized(a, "PYTHON") @ realized(b, "PYTHON")
   assert len(_whys(py)) == 1
   np.testing.assert_allclose(py.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+# ---- chunked contractions: a scheduler rewrite (rules.chunk) -------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_long_contraction_is_computed_in_chunks(rng, fresh_caches, device):
+  """A matmul whose reduction is long (a Linear layer's weight gradient over many rows: x.T @ g) computes
+  [parts, outputs] partial results, each over a chunk of the reduction (parts outermost), then their sum; logged as
+  chunk_reduce. Values match float64 numpy; a short reduction, and a long sum of squares (no operand shared by
+  several outputs), stay one kernel."""
+  n, k, m = 16, rules.Params().chunk_min * 2, 64
+  x, g = randn(rng, k, n), randn(rng, k, m)
+  out = realized(x, device).T @ realized(g, device)
+  items = [it for it in S.create_schedule([out.node]) if it.kind == "KERNEL"]
+  whys = [it.why for it in items]
+  assert any(w.startswith("chunk_reduce: ") for w in whys), whys
+  parts = k // rules.Params().chunk_len     # the largest divisor of the reduced dim leaving chunk_len per chunk
+  partial = next(it for it in items if it.why.startswith("chunk_reduce"))
+  assert partial.outputs[0].numel == parts * n * m and parts >= 2, (parts, partial.outputs[0].shape)
+  with fg.track() as t:
+    got = out.numpy()
+  assert len(t.kernels) == len(items)
+  np.testing.assert_allclose(got, x.T.astype(np.float64) @ g, rtol=1e-4, atol=1e-3)
+  short = realized(x[:1024], device).T @ realized(g[:1024], device)
+  assert not any(w.startswith("chunk_reduce") for w in _whys(short))
+  sq = realized(x, device).T
+  assert not any(w.startswith("chunk_reduce") for w in _whys((sq * sq).sum(1)))
+
+
+def test_conv_weight_gradient_is_chunked_and_matches_torch(rng, fresh_caches):
+  """A 3x3 convolution's weight gradient over a batch's positions (8 x 40 x 40 = 12800 per weight) runs in chunks of
+  images; both gradients match torch's."""
+  torch = pytest.importorskip("torch")
+  x, w, g = randn(rng, 8, 16, 40, 40), randn(rng, 32, 16, 3, 3) * 0.1, randn(rng, 8, 32, 40, 40)
+  tx, tw = fg.Tensor(x, requires_grad=True), fg.Tensor(w, requires_grad=True)
+  (fg.nn.functional.conv2d(tx, tw, padding=1) * fg.Tensor(g)).sum().backward()
+  whys = [it.why for it in S.create_schedule([tw.grad.node]) if it.kind == "KERNEL"]
+  assert any(w_.startswith("chunk_reduce: ") for w_ in whys), whys
+  rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+  (torch.nn.functional.conv2d(rx, rw, padding=1) * torch.tensor(g)).sum().backward()
+  np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=2e-3)
+  np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-4)

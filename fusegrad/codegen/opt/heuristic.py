@@ -72,15 +72,22 @@ def accumulator_vectors(caps: Caps) -> int:
   return (caps.tile_registers or caps.vector_registers - SPARE_REGISTERS) // per_vector
 
 
-def tile_shape(caps: Caps | None) -> tuple[tuple, int]:
-  """(row counts to try, most first; column vectors) of a register tile whose accumulators fit in the registers."""
-  if caps is None: return (ROW_LANES,), COL_VECTORS
+def tile_shapes(caps: Caps | None) -> list[tuple[tuple, int]]:
+  """[(row counts to try, most first; column vectors)] of register tiles whose accumulators fit in the registers,
+  the most column vectors first (each column count a tile may fall back to where its columns do not divide)."""
+  if caps is None: return [((ROW_LANES,), COL_VECTORS)]
   budget = accumulator_vectors(caps)
   want = max(1, (caps.tile_columns or TILE_COLUMNS) // tile_lanes(caps))
+  out = []
   for cv in sorted({want, *(c for c in (4, 2, 1) if c < want)}, reverse=True):   # fewer where the rows do not fit
     rows = tuple(r for r in TILE_ROWS if r * cv <= budget)
-    if rows and rows[0] >= ROW_LANES: return rows, cv
-  return (ROW_LANES,), 1
+    if rows and rows[0] >= ROW_LANES: out.append((rows, cv))
+  return out or [((ROW_LANES,), 1)]
+
+
+def tile_shape(caps: Caps | None) -> tuple[tuple, int]:
+  """(row counts to try, most first; column vectors) of the register tile the machine prefers."""
+  return tile_shapes(caps)[0]
 
 
 def _reduces(k: Kernel) -> list:
@@ -153,11 +160,16 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   col_loads = [x for x in loads if col in deps[id(x)]]
   if any(dict(sym.lin(x.idx).terms).get(col, 1) != 1 for x in col_loads if isinstance(x, Load)): return []
   tile, work = [(col, cols)], extent // cols
-  row_counts, col_vectors = tile_shape(caps)
   moving = set().union(*(deps[id(x)] for x in col_loads)) if col_loads else set()
   others = [v for v in gvars if v is not col]
   rowlike = [v for v in others if v not in moving]
   row_var = rowlike[-1] if rowlike else (others[-1] if others else None)
+  def panel_of(cv: int):   # a panel axis of b's packed columns that takes cv vectors
+    return next((v for v in reversed(others) if v is not row_var and v in moving and (v.hi + 1) % cv == 0), None) \
+        if col.hi + 1 == cols else None
+  # the most column vectors the columns divide into (a row convolution's 3424 positions: 2 vectors of 16, not 4)
+  row_counts, col_vectors = next(((r, cv) for r, cv in tile_shapes(caps) if cv == 1 or (col.hi + 1) % (cols * cv) == 0
+                                  or panel_of(cv) is not None), tile_shapes(caps)[-1])
   def fits(r: int) -> bool:
     n = row_var.hi + 1
     return work // r >= MIN_PARALLEL and (n % r == 0 or (r == row_counts[0] and (-n) % r <= n * ROW_PAD_WASTE))
@@ -166,8 +178,7 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
     tile.insert(0, (row_var, rows))
     work //= rows
     # several column vectors per row (a matmul): fewer reads of the rows per multiply-add
-    panel = next((v for v in reversed(others) if v is not row_var and v in moving and
-                  (v.hi + 1) % col_vectors == 0), None) if col.hi + 1 == cols else None
+    panel = panel_of(col_vectors)
     if col_vectors > 1 and work // col_vectors >= MIN_PARALLEL:
       if (col.hi + 1) % (cols * col_vectors) == 0: tile.append((None, col_vectors))
       elif panel is not None: tile.insert(1, (panel, col_vectors))
