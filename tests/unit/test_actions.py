@@ -126,10 +126,17 @@ def test_heuristic_tiles_a_matmul(rng):
   item = one_kernel(make("matmul_big", rng))
   caps = _avx512(rd.get("CPU").caps)   # (an AVX2 machine's tile: test_heuristic_pads_rows_to_the_tile_that_fits)
   opts = heuristic.hand_coded(item.kernel, caps)
-  # rows, a vector of columns (and where the tile fits several, more vectors of columns), the row blocks fastest
-  assert [o.op for o in opts] in ([OptOp.UPCAST] * 2 + [OptOp.SWAP], [OptOp.UPCAST] * 3 + [OptOp.SWAP]), opts
+  # rows, a vector of columns (and where the tile fits several, more vectors of columns); a reduction of 8 steps
+  # keeps the columns fastest (heuristic.SWAP_MIN_REDUCE)
+  assert [o.op for o in opts] in ([OptOp.UPCAST] * 2, [OptOp.UPCAST] * 3), opts
   assert (opts[0].arg, opts[1].arg) == (heuristic.ROW_LANES, heuristic.tile_lanes(caps))
-  if len(opts) == 4: assert opts[2].arg == heuristic.tile_shape(caps)[1]
+  if len(opts) == 3: assert opts[2].arg == heuristic.tile_shape(caps)[1]
+  # a long reduction: the row blocks run fastest (neighbouring work items share a panel of columns in cache)
+  a, b = rng.standard_normal((64, 512)).astype(np.float32), rng.standard_normal((512, 64)).astype(np.float32)
+  long = one_kernel(fg.Tensor(a) @ fg.Tensor(b))
+  lopts = heuristic.hand_coded(long.kernel, caps)
+  assert lopts[-1].op is OptOp.SWAP, lopts
+  _close(run(long, tuple(lopts)), a @ b)
 
 
 def test_gcc_avx512_tile_is_six_rows_of_four_vectors(rng):
