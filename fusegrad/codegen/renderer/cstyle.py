@@ -101,6 +101,7 @@ class CStyleRenderer:
     ops = {"ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/", "CMPLT": "<", "CMPLE": "<=", "CMPEQ": "==", "CMPNE": "!="}
     if op in ops: return f"({a[0]}{ops[op]}{a[1]})"
     if op == "NEG": return f"(-{a[0]})"
+    if op == "RECIP": return f"(1.0f/{a[0]})"   # a scalar operand applies to every lane
     if op in ("MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT"): return f"fg_v{op.lower()}_{self.vec_type(d)}({','.join(a)})"
     if op == "WHERE" and not isinstance(srcs[0].dtype, VecDType): return f"({a[0]}?{a[1]}:{a[2]})"
     m = f"fg_int32x{d.count}"
