@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import fusegrad as fg
 from fusegrad import config
-from fusegrad.codegen.opt import Opt, OptOp, OptError, apply_opts, search
+from fusegrad.codegen.opt import Opt, OptOp, OptError, apply_opts, search, heuristic
 from fusegrad.runtime import cache, device as rd
 from fusegrad.runtime.python import PythonDevice
 from tests.unit.kernels import one_kernel, run
@@ -114,6 +114,21 @@ def test_disk_cache_round_trip_reuses_results(fresh, rng):
   # another width is another entry
   search.searched_opts(item.kernel, dev, 1)
   assert search.stats["searches"] == s1["searches"] + 1
+
+
+def test_a_new_heuristic_or_caps_searches_again(fresh, rng, monkeypatch):
+  """The search starts from the heuristic's actions: a result found under another heuristic or other caps may be
+  slower than today's default, so either is part of the disk key."""
+  from dataclasses import replace
+  item, _ = _kernel("sum", rng, "PYTHON")
+  dev = rd.get("PYTHON")
+  key = search.cache_key(item.kernel, dev, 2)
+  assert search.cache_key(item.kernel, dev, 2) == key
+  monkeypatch.setattr(heuristic, "hand_coded", lambda k, caps: [Opt(OptOp.UNROLL, 1, 2)])
+  assert search.cache_key(item.kernel, dev, 2) != key
+  monkeypatch.undo()
+  monkeypatch.setattr(dev, "_caps", replace(dev.caps, max_registers=dev.caps.max_registers + 1))
+  assert search.cache_key(item.kernel, dev, 2) != key
 
 
 def test_bad_cache_entries_are_ignored(fresh, rng, monkeypatch):

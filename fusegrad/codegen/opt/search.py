@@ -17,7 +17,7 @@ never chosen, so a wrong action costs time, not results.
 
 Results are kept on disk (runtime/cache.py, Store "beam": authenticated like compiled programs) under the
 canonical kernel's rendered source, the device's identity (for CPU the C compiler, its version, flags and the
-host CPU; for OPENCL the platform, device and driver) and the width; the value is the actions as JSON. An entry
+host CPU; for OPENCL the platform, device and driver), its caps, the heuristic's actions and the width; the value is the actions as JSON. An entry
 that does not parse, or whose actions no longer apply (OptError), is ignored and the kernel searched again.
 """
 from __future__ import annotations
@@ -302,7 +302,11 @@ def device_identity(dev) -> str:
 
 
 def cache_key(kernel: Kernel, dev, beam_width: int) -> str:
-  return cache.key_of(SEARCH_VERSION, dev._prepare(kernel, ()).source, device_identity(dev), str(beam_width))
+  """The disk key of a search: also the device's caps and the heuristic's choice, which seeds the search (a result
+  found before either changed could be slower than today's heuristic: a CPU's new tile caps left a 1024^3 matmul's
+  BEAM result 8% slower than the default)."""
+  return cache.key_of(SEARCH_VERSION, dev._prepare(kernel, ()).source, device_identity(dev), str(beam_width),
+                      repr(dev.caps), encode(heuristic.hand_coded(kernel, dev.caps)).decode())
 
 
 def encode(opts) -> bytes:
