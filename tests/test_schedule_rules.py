@@ -315,30 +315,34 @@ def test_long_contraction_is_computed_in_chunks(rng, fresh_caches, device):
   [parts, outputs] partial results, each over a chunk of the reduction (parts outermost), then their sum; logged as
   chunk_reduce. Values match float64 numpy; a short reduction, and a long sum of squares (no operand shared by
   several outputs), stay one kernel."""
-  n, k, m = 16, rules.Params().chunk_min * 2, 64
+  P = rules.Params()
+  n, k, m = 64, P.chunk_min * 2, P.chunk_outputs // 64
   x, g = randn(rng, k, n), randn(rng, k, m)
   out = realized(x, device).T @ realized(g, device)
   items = [it for it in S.create_schedule([out.node]) if it.kind == "KERNEL"]
   whys = [it.why for it in items]
   assert any(w.startswith("chunk_reduce: ") for w in whys), whys
-  parts = k // rules.Params().chunk_len     # the largest divisor of the reduced dim leaving chunk_len per chunk
+  # the largest divisor of the reduced dim leaving chunk_len per chunk, partials at most 1/CHUNK_SHARE of the operands
+  parts = min(k // P.chunk_len, (n + m) * k // (rules.CHUNK_SHARE * n * m))
   partial = next(it for it in items if it.why.startswith("chunk_reduce"))
   assert partial.outputs[0].numel == parts * n * m and parts >= 2, (parts, partial.outputs[0].shape)
   with fg.track() as t:
     got = out.numpy()
   assert len(t.kernels) == len(items)
   np.testing.assert_allclose(got, x.T.astype(np.float64) @ g, rtol=1e-4, atol=1e-3)
-  short = realized(x[:1024], device).T @ realized(g[:1024], device)
+  short = realized(x[:P.chunk_min // 2], device).T @ realized(g[:P.chunk_min // 2], device)
   assert not any(w.startswith("chunk_reduce") for w in _whys(short))
   sq = realized(x, device).T
   assert not any(w.startswith("chunk_reduce") for w in _whys((sq * sq).sum(1)))
+  few = realized(x[:, :8], device).T @ realized(g[:, :8], device)      # 64 outputs: few tiles, one pass
+  assert not any(w.startswith("chunk_reduce") for w in _whys(few))
 
 
 def test_conv_weight_gradient_is_chunked_and_matches_torch(rng, fresh_caches):
   """A 3x3 convolution's weight gradient over a batch's positions (8 x 40 x 40 = 12800 per weight) runs in chunks of
   images; both gradients match torch's."""
   torch = pytest.importorskip("torch")
-  x, w, g = randn(rng, 8, 16, 40, 40), randn(rng, 32, 16, 3, 3) * 0.1, randn(rng, 8, 32, 40, 40)
+  x, w, g = randn(rng, 8, 16, 40, 40), randn(rng, 64, 16, 3, 3) * 0.1, randn(rng, 8, 64, 40, 40)
   tx, tw = fg.Tensor(x, requires_grad=True), fg.Tensor(w, requires_grad=True)
   (fg.nn.functional.conv2d(tx, tw, padding=1) * fg.Tensor(g)).sum().backward()
   whys = [it.why for it in S.create_schedule([tw.grad.node]) if it.kind == "KERNEL"]
@@ -347,3 +351,30 @@ def test_conv_weight_gradient_is_chunked_and_matches_torch(rng, fresh_caches):
   (torch.nn.functional.conv2d(rx, rw, padding=1) * torch.tensor(g)).sum().backward()
   np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=2e-3)
   np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_gather_inside_a_reduction_is_stored(rng, fresh_caches):
+  """An embedding's rows summed over the tokens (a bias or layer-norm weight gradient reading the embedding's output)
+  would keep the reduction scalar and reload the indices in every kernel that reads them: the gathered rows get a
+  kernel of their own (logged as gathered_reduction); a small gather stays fused. Values as numpy's."""
+  table, idx = randn(rng, 100, 64), rng.integers(0, 100, 512)
+  g = randn(rng, 512, 64)
+  out = (fg.tensor(table)[fg.tensor(idx)] * fg.tensor(g)).sum(0)
+  whys = _whys(out)
+  assert any(w.startswith("gathered_reduction: ") for w in whys), whys
+  np.testing.assert_allclose(out.numpy(), (table[idx].astype(np.float64) * g).sum(0), rtol=1e-4, atol=1e-4)
+  small = (fg.tensor(table)[fg.tensor(idx[:8])] * fg.tensor(g[:8])).sum(0)
+  assert not any(w.startswith("gathered_reduction") for w in _whys(small))
+
+
+def test_column_sum_reads_whole_rows(rng, fresh_caches):
+  """A sum over the rows of a narrow matrix (a bias gradient) takes several column vectors per work item, so each
+  reads stretches of its rows rather than one cache line of each (heuristic.COLUMN_SUM_VECTORS)."""
+  from fusegrad.codegen.opt import OptOp
+  x = randn(rng, 2048, 128)
+  with fg.track() as t:
+    got = realized(x).sum(0).numpy()
+  assert len(t.kernels) == 1
+  ups = [o.arg for o in t.kernels[0].opts if o.op is OptOp.UPCAST]
+  assert ups[0] == heuristic.tile_lanes(get_device("CPU").caps) and ups[1] > 1, t.kernels[0].opts
+  np.testing.assert_allclose(got, x.astype(np.float64).sum(0), rtol=1e-4, atol=1e-3)

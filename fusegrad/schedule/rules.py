@@ -48,11 +48,13 @@ class Params:
   split_outputs: int = 64
   # the number of partial results of a split: 2**(log2(elements)/2) clamped to these powers of two
   split_parts_log2: tuple = (6, 10)
-  # a contraction (a SUM of products) of at least chunk_min elements per output into at least split_outputs outputs
+  # a contraction (a SUM of products) of at least chunk_min elements per output into at least chunk_outputs outputs
   # is computed in chunks of its first reduced dim, about chunk_len elements each: [parts, outputs] partial results,
-  # then their sum (`chunks`); 0: never
-  chunk_min: int = 1 << 13
-  chunk_len: int = 1 << 11
+  # then their sum (`chunks`); 0: never. (Fewer outputs: few tiles, each reading its operands about once anyway; a
+  # skinny product's weights stream once)
+  chunk_min: int = 1 << 11
+  chunk_len: int = 1 << 9
+  chunk_outputs: int = 1 << 13
   # a reduction whose value is broadcast over some output dims (softmax's max and sum, layernorm's moments) gets a
   # kernel of its own where a work-group cannot share it with the outputs (rule broadcast_reduction; fused and not
   # grouped, one work item walked a whole row: 0.06x torch on an H100)
@@ -97,7 +99,8 @@ def reason(rule: str, why: str) -> str:
 RULES = ("boundary", "gather_source", "shared_reduction", "split_reduce", "chunk_reduce", "operand_layout",
          "nested_reduction",
          "broadcast_recompute",
-         "index_recompute", "padded_reduction", "parallel_work", "tile_operands", "broadcast_reduction", "structural")
+         "index_recompute", "padded_reduction", "parallel_work", "tile_operands", "broadcast_reduction",
+         "gathered_reduction", "structural")
 
 
 # ---- graph rewrite: split a big reduction ---------------------------------------------------------------------
@@ -141,15 +144,16 @@ def split(n: Node, p: Params) -> tuple[Node, Node]:
 def chunks(n: Node, p: Params) -> int:
   """The parts a contraction's reduction is computed in (`chunk`), or 0: a SUM of the product of two views, each
   broadcast along some output dim (each element read for several outputs: a matmul, a convolution's weight
-  gradient). A register tile of a long contraction streams
-  its whole share of both operands once per tile (a 3x3 convolution's weight gradient, 64 -> 64 channels over
+  gradient). A register tile of a long contraction streams its whole share of both operands once per tile (a 3x3 convolution's weight gradient, 64 -> 64 channels over
   8 x 56 x 56 positions: each of its 144 tiles streamed 4 MB, 30 GB/s from the last-level cache of a 2-core Xeon,
   18.8 ms); chunked, the tiles of one chunk run one after another on a thread and find its operands in that core's
-  cache. Parts: the largest divisor of the first reduced dim (so each chunk's index stays affine) that leaves at
-  least chunk_len elements per chunk; float32 and float64 sums only (a 16-bit sum rounds once, in one kernel)."""
+  cache (a transformer's weight gradients over 2048 tokens: 76 GFLOP/s in one pass on the same machine). Parts: the
+  largest divisor of the first reduced dim (so each chunk's index stays affine) that leaves at least chunk_len
+  elements per chunk and partial results of at most 1/CHUNK_SHARE of the operands' elements; float32 and float64
+  sums only (a 16-bit sum rounds once, in one kernel)."""
   op, axes = n.arg
   src = n.src[0]
-  if op != "SUM" or src.op != "MUL" or not p.chunk_min or n.numel < p.split_outputs or \
+  if op != "SUM" or src.op != "MUL" or not p.chunk_min or n.numel < p.chunk_outputs or \
      src.dtype not in (dt.float32, dt.float64): return 0
   red = prod(src.shape[a] for a in axes)
   if red < p.chunk_min: return 0
@@ -158,8 +162,16 @@ def chunks(n: Node, p: Params) -> int:
     v = x.src[0] if x.op == "CAST" else x
     return v.op == "VIEW" and any(v.arg.strides[d] == 0 and v.shape[d] > 1 for d in keep)
   if not all(shared(x) for x in src.src): return 0   # (a sum of squares reads each element for one output)
-  first, most = src.shape[min(axes)], red // p.chunk_len
+  # the partial results (parts x outputs) stay a fraction of what the operands hold (a square matmul, whose output
+  # is as big as its operands, is not chunked)
+  held = sum(prod(s for s, st in zip(v.shape, v.arg.strides) if st != 0)
+             for v in (x.src[0] if x.op == "CAST" else x for x in src.src))
+  first, most = src.shape[min(axes)], min(red // p.chunk_len, held // (CHUNK_SHARE * n.numel))
   return max((d for d in range(2, min(first, most) + 1) if first % d == 0), default=0)
+
+
+# a chunked contraction's partial results are at most 1/CHUNK_SHARE of its operands' elements
+CHUNK_SHARE = 4
 
 
 def chunk(n: Node, parts: int) -> tuple[Node, Node]:
@@ -425,8 +437,20 @@ def broadcast_reduction(f: Fusion, p: Params):
         return n, "a reduction broadcast over outputs that a work-group cannot share is grouped in a kernel of its own"
 
 
+def gathered_reduction(f: Fusion, p: Params):
+  """A gather evaluated inside a reduction's loop (an embedding's rows, then a layer norm's statistics, its weight
+  gradient, a bias gradient over the tokens) keeps the reduction scalar and loads its indices again in every kernel
+  that reads it (a char transformer's step on a 2-core Xeon: three such weight gradients 2.3 ms); past serial_ok
+  elements the gathered value is stored once."""
+  from fusegrad.codegen.lower import _nodes_below
+  for n, _r in f.reduces:
+    for x in _nodes_below([n], f.is_leaf):
+      if x.op == "GATHER" and prod(x.shape) >= p.serial_ok and not f.is_leaf(x) and not any(x is o for o in f.outputs):
+        return x, "a gather inside a reduction's loop would keep the reduction scalar"
+
+
 # in the order they are asked (the first that cuts wins; the group is analyzed again with the cut)
-FUSION_RULES = (index_recompute, nested_reduction, parallel_work, broadcast_reduction)
+FUSION_RULES = (index_recompute, nested_reduction, parallel_work, broadcast_reduction, gathered_reduction)
 
 
 # a read through padding (a masked view: a concatenation's parts, a convolution's border) costs its condition and

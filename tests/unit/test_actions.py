@@ -166,6 +166,24 @@ def test_heuristic_loops_a_transposing_copy_along_its_reads(rng):
   np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), want)
 
 
+def test_heuristic_splits_rows_read_by_division(rng):
+  """An elementwise kernel over positions laid out as padded rows (a row convolution's [.., 56 x 58 + 16]: every index
+  divides by 58) is padded to whole rows and loops over a row in each work item, so no index divides per element;
+  values as numpy's on the interpreter and compiled."""
+  a = rng.standard_normal((8, 56, 56)).astype(np.float32)
+  y = (fg.Tensor(a).pad((0, 2)).reshape(8, 56 * 58).pad((0, 16)) * 2).exp()
+  item = one_kernel(y)
+  opts = heuristic.hand_coded(item.kernel, rd.get("PYTHON").caps)
+  assert opts == [Opt(OptOp.PADTO, 1, 58), Opt(OptOp.LOOP, 1, 58)], opts
+  want = np.pad(np.pad(a, ((0, 0), (0, 0), (0, 2))).reshape(8, -1), ((0, 0), (0, 16)))
+  want = np.exp(want * 2)
+  c = rd.get("CPU").compile_with(item.kernel, tuple(opts))
+  body = c.source[c.source.rindex(f"void {c.kernel.name}("):]
+  assert "/58" not in body and "%58" not in body, body
+  np.testing.assert_allclose(run(item, tuple(opts)), want, rtol=1e-6)
+  np.testing.assert_allclose(run(item, tuple(opts), "CPU"), want, rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["matmul", "softmax", "conv", "int_sum"])
 def test_compiled_actions_match_the_interpreter(name, rng):
   """The C renderer spells what the interpreter runs: a few action sequences, compiled."""

@@ -262,7 +262,8 @@ def _padto(k, opt, a, caps):
   vp = sym.Var(name, 0, new - 1)
   inside = sym.Cond.range(sym.lin(vp), 0, a.size)
   k = substitute_kernel(k, {v: sym.lin(vp)}, {v: (vp,)}, k.axes[:opt.axis] + (Axis(vp, a.kind, a.end),) + k.axes[opt.axis + 1:])
-  return guard(k, vp, inside, wrap=a.size)
+  # (a kernel without reductions keeps its guards: a wrapped index would put a modulo where a split loop removed one)
+  return guard(k, vp, inside, wrap=a.size if _reduces(k) else 0)
 
 
 def tc_axes(k: Kernel, kaxis: Axis, tc) -> tuple | str:
