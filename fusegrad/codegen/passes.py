@@ -153,7 +153,8 @@ def dedupe(k: Kernel) -> Kernel:
 
 # what a vector UPCAST axis may carry: float32 values of these ops, loads and these reductions (every renderer with
 # vector types spells them lane-parallel); a kernel with anything else on the axis is expanded to scalars
-VECTOR_OPS = frozenset({"ADD", "SUB", "MUL", "DIV", "RECIP", "NEG", "MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT", "ABS"})
+VECTOR_OPS = frozenset({"ADD", "SUB", "MUL", "DIV", "RECIP", "NEG", "MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT",
+                        "ABS"})
 VECTOR_REDUCES = frozenset({"SUM", "MAX", "MIN"})
 # comparisons of float32 vectors give lane masks (a bool vector: every bit of a lane set where true, as C's vector
 # extensions and OpenCL compare), which a select (WHERE) and a CAST to float32 read directly (`_masks`)

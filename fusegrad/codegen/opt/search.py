@@ -17,8 +17,9 @@ never chosen, so a wrong action costs time, not results.
 
 Results are kept on disk (runtime/cache.py, Store "beam": authenticated like compiled programs) under the
 canonical kernel's rendered source, the device's identity (for CPU the C compiler, its version, flags and the
-host CPU; for OPENCL the platform, device and driver), its caps, the heuristic's actions and the width; the value is the actions as JSON. An entry
-that does not parse, or whose actions no longer apply (OptError), is ignored and the kernel searched again.
+host CPU; for OPENCL the platform, device and driver), its caps, the heuristic's actions and the width; the value
+is the actions as JSON. An entry that does not parse, or whose actions no longer apply (OptError), is ignored and
+the kernel searched again.
 """
 from __future__ import annotations
 import contextlib
