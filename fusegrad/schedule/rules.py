@@ -143,14 +143,14 @@ def split(n: Node, p: Params) -> tuple[Node, Node]:
 
 def chunks(n: Node, p: Params) -> int:
   """The parts a contraction's reduction is computed in (`chunk`), or 0: a SUM of the product of two views, each
-  broadcast along some output dim (each element read for several outputs: a matmul, a convolution's weight
-  gradient). A register tile of a long contraction streams its whole share of both operands once per tile (a 3x3
-  convolution's weight gradient, 64 -> 64 channels over 8 x 56 x 56 positions: each of its 144 tiles streamed 4 MB,
-  30 GB/s from the last-level cache of a 2-core Xeon, 18.8 ms); chunked, the tiles of one chunk run one after another
-  on a thread and find its operands in that core's cache (a transformer's weight gradients over 2048 tokens: 76
-  GFLOP/s in one pass on the same machine). Parts: the largest divisor of the first reduced dim (so each chunk's index stays affine) that leaves at least chunk_len
-  elements per chunk and partial results of at most 1/CHUNK_SHARE of the operands' elements; float32 and float64
-  sums only (a 16-bit sum rounds once, in one kernel)."""
+  broadcast along some output dim (each element read for several outputs: a matmul, a convolution's weight gradient).
+  A register tile of a long contraction streams its whole share of both operands once per tile (a 3x3 convolution's
+  weight gradient, 64 -> 64 channels over 8 x 56 x 56 positions: each of its 144 tiles streamed 4 MB, 30 GB/s from the
+  last-level cache of a 2-core Xeon, 18.8 ms); chunked, the tiles of one chunk run one after another on a thread and
+  find its operands in that core's cache (a transformer's weight gradients over 2048 tokens: 76 GFLOP/s in one pass on
+  the same machine). Parts: the largest divisor of the first reduced dim (so each chunk's index stays affine) that
+  leaves at least chunk_len elements per chunk and partial results of at most 1/CHUNK_SHARE of the operands' elements;
+  float32 and float64 sums only (a 16-bit sum rounds once, in one kernel)."""
   op, axes = n.arg
   src = n.src[0]
   if op != "SUM" or src.op != "MUL" or not p.chunk_min or n.numel < p.chunk_outputs or \
