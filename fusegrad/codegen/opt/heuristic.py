@@ -191,8 +191,9 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
     if col_vectors > 1 and work // col_vectors >= MIN_PARALLEL:
       if (col.hi + 1) % (cols * col_vectors) == 0: tile.append((None, col_vectors))
       elif panel is not None: tile.insert(1, (panel, col_vectors))
-  elif _columns_contiguous(col, reduces):
+  elif caps is not None and _columns_contiguous(col, reduces):
     # a sum over rows (a bias gradient): several column vectors per work item, so each reads a stretch of every row
+    # (with the machine's registers known: a GPU's work-groups read [rows x columns] tiles as matmuls, _work_groups)
     cv = _pow2_divisor((col.hi + 1) // cols, COLUMN_SUM_VECTORS)
     if cv > 1: tile.append((None, cv))
   return tile
