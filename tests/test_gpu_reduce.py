@@ -112,7 +112,9 @@ def test_other_reductions_keep_their_actions(rng, no_split):
     opts = heuristic.hand_coded(item.kernel, GPU)
     assert opts and opts[0].op is not OptOp.UPCAST, (name, opts)
     if want is not None: assert opts == want, (name, opts)
-    np.testing.assert_allclose(run(item, tuple(opts)), run(item, ()), rtol=1e-5, atol=2e-3)
+    # (float32 sums of CHUNK standard normals in another order: |error| ~ sqrt(CHUNK) * 2^-24 * |partial sums| up to
+    # a few hundred, ~3e-3 typical: a fresh draw once gave 3.6e-3)
+    np.testing.assert_allclose(run(item, tuple(opts)), run(item, ()), rtol=1e-5, atol=2e-2)
   cpu = replace(GPU, has_local=False, prefers_blocking=True)
   item = one_kernel(f32(4, CHUNK).sum(1))
   assert all(o.op is not OptOp.GROUP for o in heuristic.hand_coded(item.kernel, cpu))
