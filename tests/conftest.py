@@ -52,7 +52,7 @@ def _no_runtime_sizes_left():
 # the graph templates' library functions and training steps, and the optimizers' trajectories against torch's
 # (their logic is the device's elementwise kernels: the CPU and PYTHON rows cover it)
 OPS_FILES = ("test_ops.py", "test_autograd.py", "test_transformer.py", "test_rnn.py", "test_nn_layers.py",
-             "test_templates.py", "test_optim.py")
+             "test_templates.py", "test_optim.py", "test_numerics.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(config, items):
   operator-matrix variants (ops_full): on a fresh machine each is a PoCL compile, about half of `make test`'s cold
   time, for cases the CPU and PYTHON rows of the same tests cover in the normal suite; `make test-ops` (CI runs it
   too) runs them, with the OPENCL cases of the nn layers', transformer's and recurrent layers' tests (whole layers
-  of those operators, forward and backward). The OPENCL device keeps its own tests in the normal suite (fusion,
+  of those operators, forward and backward) and of the numerics tests (the operators' statistics against float64). The OPENCL device keeps its own tests in the normal suite (fusion,
   vectors, half, jit, ...)."""
   for item in items:
     spec = getattr(item, "callspec", None)
