@@ -17,7 +17,8 @@ function) when an argument is something else than tensors and plain values, or w
 function whose call read a value on the host, ran host code (random numbers draw their keys there), wrote an input,
 returned one of its inputs, or reached a node the template cannot express (a realized one or a buffer outside its
 inputs; an unrealized node made before the call, which hash-consing handed back, is a function of the inputs and
-recorded like the call's own) is not recorded (after a few such calls of one key, never again). FUSEGRAD_TEMPLATES=0 turns templates off.
+recorded like the call's own) is not recorded (after a few such calls of one key, never again).
+FUSEGRAD_TEMPLATES=0 turns templates off.
 """
 from __future__ import annotations
 import collections

@@ -521,16 +521,21 @@ def guard(k: Kernel, var: sym.Var, inside: sym.Cond, wrap: int = 0) -> Kernel:
   return replace(k, stores=stores)
 
 
+def index_exprs(k: Kernel):
+  """Every index expression of k: its stores' and loads' indices and the expressions their conditions (and Valid
+  values') bound."""
+  for st in k.stores:
+    yield st.idx
+    yield from (x for x, _lo, _hi in st.valid.parts)
+    for v in toposort([st.value]):
+      if isinstance(v, (Load, Index)):
+        yield v.idx
+        yield from (x for x, _lo, _hi in v.valid.parts)
+      elif isinstance(v, Valid): yield from (x for x, _lo, _hi in v.cond.parts)
+
+
 def arg_vars(k: Kernel) -> tuple:
   """The kernel arguments used as integers (sym.ArgVar) in its indices, conditions and axis ends, by slot."""
-  out: set = set()
-  def take(x): out.update(a for a in sym.variables(x) if isinstance(a, sym.ArgVar))
-  def take_cond(c): out.update(a for a in c.variables() if isinstance(a, sym.ArgVar))
-  for st in k.stores:
-    take(st.idx); take_cond(st.valid)
-    for v in toposort([st.value]):
-      if isinstance(v, (Load, Index)): take(v.idx); take_cond(v.valid)
-      elif isinstance(v, Valid): take_cond(v.cond)
-  for a in k.axes:
-    if a.end is not None: take(a.end)
+  exprs = list(index_exprs(k)) + [a.end for a in k.axes if a.end is not None]
+  out = {a for x in exprs for a in sym.variables(x) if isinstance(a, sym.ArgVar)}
   return tuple(sorted(out, key=lambda x: x.slot))

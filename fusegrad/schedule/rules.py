@@ -23,7 +23,7 @@ from fusegrad import dtype as dt
 from fusegrad.graph import node as gn
 from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod
-from fusegrad.codegen.lower import Fusion, _alu_count, _OP_COST
+from fusegrad.codegen.lower import Fusion, _alu_count, _OP_COST, _nodes_below
 from fusegrad.codegen.ir import Kernel
 from fusegrad.codegen.opt import heuristic
 
@@ -442,7 +442,6 @@ def gathered_reduction(f: Fusion, p: Params):
   gradient, a bias gradient over the tokens) keeps the reduction scalar and loads its indices again in every kernel
   that reads it (a char transformer's step on a 2-core Xeon: three such weight gradients 2.3 ms); past serial_ok
   elements the gathered value is stored once."""
-  from fusegrad.codegen.lower import _nodes_below
   for n, _r in f.reduces:
     for x in _nodes_below([n], f.is_leaf):
       if x.op == "GATHER" and prod(x.shape) >= p.serial_ok and not f.is_leaf(x) and not any(x is o for o in f.outputs):

@@ -20,7 +20,7 @@ The column and reduction lanes become vector values where the device has vectors
 """
 from __future__ import annotations
 from fusegrad.graph import symbolic as sym
-from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Load, Gather, Index, Valid, toposort, dependencies
+from fusegrad.codegen.ir import Kernel, AxisKind, Reduce, Load, Gather, toposort, dependencies, index_exprs
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen.opt.actions import Opt, OptOp, OptError, apply_opt, tc_axes
 from fusegrad.codegen.passes import vector_axes
@@ -336,13 +336,7 @@ def _divisors_along(k: Kernel, var) -> set:
       walk(e.x)
     elif isinstance(e, sym.Lin):
       for a, _ in e.terms: walk(a)
-  def cond(c):
-    for x, _lo, _hi in c.parts: walk(sym.lin(x))
-  for st in k.stores:
-    walk(sym.lin(st.idx)); cond(st.valid)
-    for v in toposort([st.value]):
-      if isinstance(v, (Load, Index)): walk(sym.lin(v.idx)); cond(v.valid)
-      elif isinstance(v, Valid): cond(v.cond)
+  for x in index_exprs(k): walk(sym.lin(x))
   return out
 
 
