@@ -61,6 +61,7 @@ def is_tensor(x) -> bool: return isinstance(x, Tensor)
 def realize(*tensors: Tensor) -> None:
   """Realize several tensors in one schedule."""
   from fusegrad.engine.realize import realize as _r
+  if _trace._seg[0] is not None and _trace.on_realize(tensors=tensors): return
   _r(*[t.node for t in tensors])
 
 from fusegrad import optim  # noqa: E402  (optimizers use the names above)
@@ -74,3 +75,5 @@ from fusegrad.compat import (compile, inference_mode, is_inference_mode_enabled,
 from fusegrad.serialization import save, load  # noqa: E402
 from fusegrad.amp import autocast  # noqa: E402
 from fusegrad import cuda, backends, accelerator, amp, utils, data  # noqa: E402,F401
+from fusegrad.engine import trace as _trace  # noqa: E402
+_trace.install()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from fusegrad import autograd
-from fusegrad.engine import jit as _jit
+from fusegrad.engine import jit as _jit, trace as _trace
 
 _KEEP_WRITES = 32   # write sequence numbers kept per storage (enough to name the version a recipe saw)
 
@@ -143,6 +143,7 @@ def _members(st: Storage, skip) -> list:
 def write(t, r) -> None:
   """t takes r's value in place (same shape and dtype): the base and every other view of t's storage
   see the write; autograd is told (rebinding with history) where it records."""
+  if _trace._seg[0] is not None and _trace.on_write(t, r): return   # held pending by a replayed step
   from fusegrad.tensor import Tensor
   a = t._alias
   if a is None or type(a[1]) is not tuple:     # the common case: a tensor nobody viewed

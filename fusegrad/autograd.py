@@ -702,8 +702,10 @@ def _seed(t, gradient):
   return g
 
 
-def backward(t, gradient=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None) -> None:
-  """Tensor.backward: accumulate d t / d leaf into each leaf's .grad (or into `inputs`' .grad only)."""
+def backward(t, gradient=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None,
+             written: list | None = None) -> None:
+  """Tensor.backward: accumulate d t / d leaf into each leaf's .grad (or into `inputs`' .grad only); written (a
+  list): gets (leaf, its .grad before) for each leaf given a gradient (engine/trace.py records them)."""
   from fusegrad.tensor import Tensor
   if not t.requires_grad:
     raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
@@ -721,6 +723,7 @@ def backward(t, gradient=None, retain_graph: bool | None = None, create_graph: b
   for leaf in targets:
     if id(leaf) in grads:
       g = grads[id(leaf)]
+      if written is not None: written.append((leaf, leaf.grad))
       leaf.grad = g if leaf.grad is None else leaf.grad + g
 
 

@@ -22,7 +22,7 @@ from fusegrad.graph.dims import BoundDim, from_storage, storage_shape
 from fusegrad.runtime import device as rd
 from fusegrad import autograd
 from fusegrad import alias
-from fusegrad.engine import jit as _jit
+from fusegrad.engine import jit as _jit, trace as _trace
 from fusegrad.templates import templated
 
 _DETACH = (("DETACH", None),)
@@ -130,12 +130,13 @@ def _result_type(*operands) -> DType:
 
 class Tensor:
   # _alias: None, or (storage, view chain, history) once the tensor is viewed or written in place (alias.py)
-  __slots__ = ("node", "requires_grad", "grad", "_ctx", "_alias", "__weakref__")
+  # _trace: None, or a replayed step's placeholder record (engine/trace.py: the tensor has no node until needed)
+  __slots__ = ("node", "requires_grad", "grad", "_ctx", "_alias", "_trace", "__weakref__")
   __hash__ = object.__hash__
   __array_priority__ = 1000   # numpy defers to our reflected operators
 
   def __init__(self, data=None, dtype=None, device=None, requires_grad: bool = False, *, _node: Node | None = None):
-    self.requires_grad, self.grad, self._ctx, self._alias = False, None, None, None
+    self.requires_grad, self.grad, self._ctx, self._alias, self._trace = False, None, None, None, None
     if _node is not None:
       self.node = _node
       if requires_grad: self.requires_grad_()
@@ -1345,11 +1346,16 @@ def _index_in_range(idx: Tensor, n: int, exc: type, message) -> Tensor:
   PyTorch does; a lazy index cannot be checked without running it, so its out-of-range values are sent out of range
   of the data (n), where the gather reads 0: never another element's memory."""
   if idx.node.realized or idx.node.op in ("BUFFER", "CONST"):
-    vals = idx.numpy()
-    if vals.size and (vals.min() < 0 or vals.max() >= n):
-      raise exc(message(int(vals.min()) if vals.min() < 0 else int(vals.max())))
+    _check_range(idx, n, exc, message)
     return idx
   return where((idx < 0) | (idx >= n), n, idx)
+
+
+@_trace.check
+def _check_range(idx: Tensor, n: int, exc: type, message) -> None:
+  vals = idx.numpy()
+  if vals.size and (vals.min() < 0 or vals.max() >= n):
+    raise exc(message(int(vals.min()) if vals.min() < 0 else int(vals.max())))
 
 
 def _take_rows(w: Tensor, idx: Tensor) -> Tensor:

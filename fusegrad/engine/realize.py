@@ -23,7 +23,7 @@ from fusegrad.graph.dims import storage_numel
 from fusegrad.runtime import device as rd
 from fusegrad.schedule import schedule as sched
 from fusegrad.codegen.lower import Fixed
-from fusegrad.engine import track, jit
+from fusegrad.engine import track, jit, trace
 
 # replay cached schedules' plans (FUSEGRAD_EAGER_REPLAY=0 turns it off; `no_replay()` for a block)
 REPLAY = config.EAGER_REPLAY
@@ -63,15 +63,21 @@ def _pending() -> list[Node]:
 
 
 def realize(*nodes: Node) -> None:
+  if trace._seg[0] is not None and trace.on_realize(nodes=nodes): return
+  realize_nodes(nodes)
+
+
+def realize_nodes(nodes) -> tuple:
+  """Realize nodes (and realize.later's); (the schedule's cache entry or None, the walk's nodes)."""
   fast = REPLAY and jit.recorder() is None and not track.wants_timing()
-  if _later: nodes = nodes + tuple(n for n in _pending() if not any(n is m for m in nodes))
+  if _later: nodes = tuple(nodes) + tuple(n for n in _pending() if not any(n is m for m in nodes))
   with sched.lock:
     items, entry, walked = sched.schedule(list(nodes))
     plan = entry.plan if entry is not None else None
     if items is None and not fast: items = entry.items(walked)
   if items is None:
     plan.run(walked)
-    return
+    return entry, walked
   compiled = []
   for item in items:
     out = item.outputs[0]
@@ -92,6 +98,7 @@ def realize(*nodes: Node) -> None:
   if entry is not None and plan is None and all(it.kind != "COPY" for it in items):
     with sched.lock:
       if entry.plan is None: entry.plan = Plan(entry.entries, compiled, walked)
+  return entry, walked
 
 
 def _run_kernel(item, dev):
@@ -145,6 +152,19 @@ class Plan:
       self.steps.append((dev, None if c is None else k, tuple(specs), refs, vals, [None, None]))
 
   def run(self, nodes: list[Node]) -> None:
+    made = self.launch(nodes)
+    with sched.lock:
+      j = 0
+      for _dev, _prog, outs, _refs, _vals, _last in self.steps:
+        for i, _size, _dtype in outs:
+          n = nodes[i]
+          if n.buffer is None: n.buffer = made[j]
+          n.src = ()
+          j += 1
+
+  def launch(self, nodes: list) -> list:
+    """Launch the plan with its inputs (and the nodes its Params read) at their walk positions in nodes; the
+    buffers it made, in the order of the steps' outputs."""
     made: list = []
     batch: list = []
     blocks: list = []     # (handles, Param dtypes, values) whose argument block is still to make
@@ -186,14 +206,7 @@ class Plan:
       batch.append((c.program, c.kernel, handles))
     if batch: flush()
     sched.stats["replays"] += 1
-    with sched.lock:
-      j = 0
-      for _dev, _prog, outs, _refs, _vals, _last in self.steps:
-        for i, _size, _dtype in outs:
-          n = nodes[i]
-          if n.buffer is None: n.buffer = made[j]
-          n.src = ()
-          j += 1
+    return made
 
 
 def launch(dev, program, k, src: str, handles: list) -> None:

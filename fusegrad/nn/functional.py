@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import fusegrad as fg
 from fusegrad import dtype as dt
+from fusegrad.engine import trace as _trace
 from fusegrad.tensor import Tensor, _index_in_range, _moments, _take_rows, _unfold, _unfold_flat, where, HALF_FLOATS, _result_type
 from fusegrad.templates import templated
 
@@ -698,6 +699,7 @@ def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: fl
   return _reduce(where(d < delta, 0.5 * d.square(), delta * (d - 0.5 * delta)), reduction)
 
 
+@_trace.check
 def _check_target_values(target: Tensor, C: int, ignore_index: int) -> None:
   """Class indices that already exist are checked here (a lazy target cannot be checked without running it)."""
   if target.node.realized or target.node.op == "BUFFER":

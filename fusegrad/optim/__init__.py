@@ -17,7 +17,7 @@ import copy
 import itertools
 import numpy as np
 import fusegrad as fg
-from fusegrad.engine import jit as _jit
+from fusegrad.engine import jit as _jit, trace as _trace
 from fusegrad.graph import node as gn
 from fusegrad.runtime import device as rd
 from fusegrad.tensor import Tensor
@@ -107,16 +107,20 @@ class Optimizer(abc.ABC):
     structure = self._structure()
     _jit.guard(lambda: self._structure() == structure)
     updates = []
-    with fg.no_grad():
-      for g in self.param_groups:
-        for p in g["params"]:
-          if p.grad is None: continue
-          state = self.state.setdefault(id(p), {})
-          new, states = _updates.run(self, p, p.grad.detach(), g, state, self._scalars(p, g, state))
-          p._assign(new.to(p.dtype))
-          updates.append(p)
-          updates.extend(states)
-    if updates: fg.realize(*updates)
+    _trace.in_step[0] += 1    # a replayed step follows the writes into parameters and state made here
+    try:
+      with fg.no_grad():
+        for g in self.param_groups:
+          for p in g["params"]:
+            if p.grad is None: continue
+            state = self.state.setdefault(id(p), {})
+            new, states = _updates.run(self, p, p.grad.detach(), g, state, self._scalars(p, g, state))
+            p._assign(new.to(p.dtype))
+            updates.append(p)
+            updates.extend(states)
+      if updates: fg.realize(*updates)
+    finally:
+      _trace.in_step[0] -= 1
     return loss
 
   # state entries kept on the host as numbers (torch's 0-d tensors): they feed `_hyper`

@@ -14,13 +14,14 @@ from __future__ import annotations
 import collections
 import threading
 from fusegrad import config, dtype as dt
-from fusegrad.engine import jit as _jit
+from fusegrad.engine import jit as _jit, trace as _trace
 from fusegrad.graph import dims, node as gn, template
 from fusegrad.templates import _inputs_key, _spec
 
 _MAX = 1024
 _templates: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
 _reads: dict = {}          # structure key -> the group and state entries updates of that structure read (sorted)
+_reads_any: dict = {}      # (optimizer class, state names) -> the entries any update of theirs read (a trace's key)
 _lock = threading.Lock()
 stats = {"hits": 0, "records": 0}
 _NEVER = object()
@@ -64,9 +65,25 @@ def _values(d: dict, keys) -> tuple | None:
 
 
 def run(opt, p, grad, g: dict, state: dict, s: tuple):
-  """opt._update(p, grad, g, state, s), from a template where one fits."""
+  """opt._update(p, grad, g, state, s), from a template where one fits; in a step the trace follows
+  (engine/trace.py), an event keyed by the template's key."""
+  if not _trace.enabled(): return _run(opt, p, grad, g, state, s)
   from fusegrad.tensor import Tensor
-  if not config.TEMPLATES or dims.bound_any[0] or _jit.recorder() is not None: return opt._update(p, grad, g, state, s)
+  names = tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor)))
+  reads = _reads_any.get((type(opt), names))     # (the inputs' structure is in the event's key already)
+  gv = sv = None
+  if reads is not None: gv, sv = _values(g, reads[0]), _values(state, reads[1])
+  key = None if gv is None or sv is None else (type(opt), names, gv, sv)
+  if key is None:
+    _trace.off("an optimizer update whose template is not recorded yet")
+    return _run(opt, p, grad, g, state, s)
+  return _trace.call("update", key, lambda p_, grad_, s_, sts_: _run(opt, p_, grad_, g, state, s_),
+                     (p, grad, tuple(s), tuple(state[k] for k in names)), {})
+
+
+def _key(opt, p, grad, g: dict, state: dict, s: tuple) -> tuple:
+  """(the template key, or None while the entries the update reads are unknown; the state names, externals, base)."""
+  from fusegrad.tensor import Tensor
   names = tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor)))
   tensors = [p, grad, *s, *(state[k] for k in names)]
   ins, ext = _inputs_key(tensors)
@@ -75,16 +92,23 @@ def run(opt, p, grad, g: dict, state: dict, s: tuple):
   key = None
   if reads is not None:
     gv, sv = _values(g, reads[0]), _values(state, reads[1])
-    if gv is not None and sv is not None:
-      key = (base, gv, sv)
-      tpl = _templates.get(key)
-      if tpl is _NEVER: return opt._update(p, grad, g, state, s)
-      if tpl is not None:
-        stats["hits"] += 1
-        entries, new_ref, set_refs, out_states = tpl
-        made = template.instantiate(entries, ext, shared=False)   # (nothing builds an update again)
-        done = [opt._set_state(state, name, Tensor(_node=template.node_of(r, made, ext))) for name, r in set_refs]
-        return Tensor(_node=template.node_of(new_ref, made, ext)), [done[i] for i in out_states]
+    if gv is not None and sv is not None: key = (base, gv, sv)
+  return key, names, ext, base
+
+
+def _run(opt, p, grad, g: dict, state: dict, s: tuple):
+  from fusegrad.tensor import Tensor
+  if not config.TEMPLATES or dims.bound_any[0] or _jit.recorder() is not None: return opt._update(p, grad, g, state, s)
+  key, _names, ext, base = _key(opt, p, grad, g, state, s)
+  if key is not None:
+    tpl = _templates.get(key)
+    if tpl is _NEVER: return opt._update(p, grad, g, state, s)
+    if tpl is not None:
+      stats["hits"] += 1
+      entries, new_ref, set_refs, out_states = tpl
+      made = template.instantiate(entries, ext, shared=False)   # (nothing builds an update again)
+      done = [opt._set_state(state, name, Tensor(_node=template.node_of(r, made, ext))) for name, r in set_refs]
+      return Tensor(_node=template.node_of(new_ref, made, ext)), [done[i] for i in out_states]
   return _record(opt, p, grad, g, state, s, base, ext)
 
 
@@ -122,6 +146,9 @@ def _record(opt, p, grad, g, state, s, base, ext_nodes):
       if old is None and len(_reads) >= _MAX: _reads.clear()   # (bounded: the templates it led to stay valid)
       if old: reads_g, reads_s = reads_g | set(old[0]), reads_s | set(old[1])
       _reads[base] = (tuple(sorted(reads_g, key=repr)), tuple(sorted(reads_s, key=repr)))   # sorted once, here
+      anyk = (base[0], base[1])
+      a = _reads_any.get(anyk, ((), ()))
+      _reads_any[anyk] = (tuple(sorted(set(a[0]) | reads_g, key=repr)), tuple(sorted(set(a[1]) | reads_s, key=repr)))
     gv, sv = _values(g, _reads[base][0]), _values(before, _reads[base][1])
     if gv is None or sv is None: raise template.Untemplatable("a group or state entry is no plain value")
     value = (entries, refs[0], tuple((n, r) for (n, _v, _o), r in zip(sets, refs[1:])), tuple(out_states))

@@ -1,0 +1,1013 @@
+"""Checked traces: an eager step's frontend calls, recorded once, replayed without building their graph.
+
+An eager training step rebuilds its lazy graph in Python every iteration: each frontend call checks its arguments,
+broadcasts, makes Tensors, autograd recipes and nodes (5-10 us a node), the backward builds the gradient graph, and
+the realize walks the whole graph to find its cached schedule. `fusegrad.jit` removes all of that for a function
+captured explicitly; this module removes most of it for plain eager code, automatically and checked call by call.
+
+A *segment* is the work between two realizes (a training step: forward, backward, the optimizer's update, ended by
+the optimizer's realize). While recording, each top-level frontend call (a Tensor method on a segment's result, a
+`nn.functional` function, `backward`, an optimizer's per-parameter update) runs for real and is appended to the
+segment as an event: its key (the function, every plain argument by value, each tensor argument as a result of an
+earlier event or as an external input by structure: a realized buffer's dtype/shape/device, a constant's value, a
+view over one; which externals are the same tensor or node; the grad mode and default dtype), and what it made. At
+the realize that ends the segment, the segment's targets (what the realize was asked for, `realize.later`'s tensors,
+the externals the step wrote: parameters and optimizer state) are realized together, and the realize's cached plan
+(engine/realize.Plan) is kept with where each of its inputs comes from (an external of the segment by place).
+
+When a later segment's first call has the key of a recorded trace, the segment *replays*: each call is compared
+with the next recorded event and, when equal, returns placeholders (Tensors of class `_Traced` carrying their shape,
+dtype and device but no node) without running the frontend; `backward` sets the leaves' `.grad` to placeholders; an
+optimizer's writes into parameters and state are held pending. The realize then checks its targets against the
+recorded ones, launches the plan on the externals' current buffers, and gives each target its result. The first
+thing that differs — another call, another argument, a value read on the host, an op the trace does not follow,
+anything that needs a placeholder's node — *deviates*: the segment's events so far are run again for real, in order,
+each placeholder adopting the real tensor it stands for, and the segment continues eagerly (nothing is lost but
+time). A placeholder still alive after its segment (an activation the caller kept) is made the same way when first
+used. Calls that read values on the host (an index range check) run for real in a replay too, and their graph is
+compared with the recorded one.
+
+What keeps it safe: only calls the trace knows are pure are replayed; writes are followed only where an optimizer
+writes (no grad mode, a parameter or state tensor not viewed); a realize inside a call, an op on an external
+tensor's lazy graph built outside the trace, hooks, runtime sizes, captures (`fusegrad.jit`), other threads and
+timing (`fusegrad.track`) leave the segment eager. FUSEGRAD_TRACE=0 turns traces off.
+"""
+from __future__ import annotations
+import collections
+import threading
+import weakref
+from fusegrad import config
+
+
+ENABLED = config.TRACE
+_MAX = 16                    # traces kept (least recently used out)
+_MISSES = 2                  # replays of one trace that deviate in a row before it is recorded again
+_traces: "collections.OrderedDict[tuple, Trace]" = collections.OrderedDict()
+stats = {"replays": 0, "records": 0, "deviations": 0, "events": 0}
+why: "collections.deque[str]" = collections.deque(maxlen=32)   # the latest reasons a segment was not replayed
+_seg: list = [None]          # the segment in progress (the main thread's)
+_depth = [0]                 # > 0 inside a traced call (its own calls are not events)
+in_step = [0]                # > 0 inside Optimizer.step (where writes are followed)
+_main = threading.main_thread().ident
+REC, REP, OFF = 0, 1, 2
+_m: dict = {}                # modules the hot checks read (set by install: no import in a hot path)
+
+
+class Untraceable(Exception):
+  """A call or a write the trace cannot follow (the message says why)."""
+
+
+def enabled() -> bool:
+  return ENABLED and not _depth[0] and threading.get_ident() == _main and _m["jit"].recorder() is None and \
+    not _m["dims"].bound_any[0] and not _m["track"].wants_timing()
+
+
+def _modes() -> tuple:
+  return (_m["autograd"].grad_enabled(), _m["dt"].default_float)
+
+
+def _why(msg: str) -> None:
+  why.append(msg)
+  if config.DEBUG >= 2: print(f"trace: {msg}")
+
+
+class _Stand:
+  """A plan reads a constant's value or a view's offset at a walk position: the recorded node's."""
+  __slots__ = ("op", "arg")
+
+  def __init__(self, n):
+    self.op, self.arg = n.op, n.arg
+
+
+class Trace:
+  """A recorded segment: its events, the realize's plan, where the plan's inputs come from, its targets."""
+  __slots__ = ("events", "plan", "size", "inputs", "stands", "targets", "outs", "misses")
+
+  def __init__(self, events, plan, size, inputs, stands, targets, outs):
+    self.events, self.plan, self.size = events, plan, size
+    self.inputs, self.stands = inputs, stands   # [(pos, source: see _source)], [(pos, stand or node)]
+    self.targets = targets                      # sorted idents: ("S", slot) a result, ("W", write) a written tensor
+    self.outs = outs                            # ident -> ("out", buffer index, shape, dtype, device) / ("in", source) / ("node", n)
+    self.misses = 0
+
+
+class _Event:
+  """One recorded call: key (compared), kind ("method", "fn", "update", "write", "backward"), its arguments' spec, the result's form and new slots, the writes it made, whether it reads the host."""
+  __slots__ = ("key", "kind", "spec", "form", "news", "writes", "host", "check", "leaves", "checks")
+
+  def __init__(self, key, kind, spec):
+    self.key, self.kind, self.spec = key, kind, spec
+    self.form = self.check = None
+    self.news = self.writes = self.leaves = self.checks = ()
+    self.host = False
+
+
+class _PH:
+  """A placeholder's record (Tensor._trace): its segment, slot and metadata."""
+  __slots__ = ("seg", "slot", "shape", "dtype", "device", "leaf")
+
+  def __init__(self, seg, slot, meta):
+    self.seg, self.slot = seg, slot
+    self.shape, self.dtype, self.device, self.leaf = meta[:4]
+
+
+class Segment:
+  """The calls since the last realize: recording (REC), replaying a trace (REP) or eager (OFF)."""
+  __slots__ = ("mode", "trace", "pos", "events", "done", "slots", "nslot", "ext", "ext_first", "t_first", "written",
+               "snodes", "views", "later", "hleaves", "__weakref__")
+
+  def __init__(self):
+    self.mode, self.trace, self.pos = REC, None, 0
+    self.events: list = []     # (recording) the events
+    self.done: list = []       # (replaying) per event reached: [event, its tensors, extra (a host call's results)]
+    self.slots: dict = {}      # id(tensor) -> (slot, weakref): results of this segment's events
+    self.nslot = 0
+    self.ext: list = []        # per external occurrence: (tensor, node, the realized nodes its graph reads)
+    self.ext_first: dict = {}  # id(node) -> its first place among the externals (the same node twice is one input)
+    self.t_first: dict = {}    # id(tensor) -> its first place
+    self.written: dict = {}    # id(tensor) -> (write index, tensor, value slot, value tensor)
+    self.snodes: dict = {}     # (recording) slot -> its node
+    self.views: list = []      # (replaying) weakrefs to placeholders that view an external's storage
+    self.later: list = []      # (replaying) weakrefs to results a backward asked to realize with the next realize
+    self.hleaves: list = []    # (recording) (event index, buffers a call reading the host read that are no argument)
+
+
+# ---- keys ----------------------------------------------------------------------------------------------------------
+
+def _current() -> Segment:
+  s = _seg[0]
+  if s is None: s = _seg[0] = Segment()
+  return s
+
+
+def _slot_of(seg: Segment, t):
+  e = seg.slots.get(id(t))
+  return e[0] if e is not None and e[1]() is t else None
+
+
+def _external(seg: Segment, t) -> tuple:
+  """The key of an external input (appended to seg.ext): a realized buffer by dtype, shape and device, a constant
+  by value, a view over one of those; which other externals are the same tensor and the same nodes."""
+  n = t.node
+  if n.buffer is not None and n.op != "CONST" and n.op != "IOTA": k, leaves = ("IN", n.dtype, n.shape, n.device), (n,)
+  else:   # a lazy graph the caller built outside the trace (x.view(-1), mask == 0, a random draw): its structure
+    entries, _roots, leaves = _canon([n], {}, _EXT_NODES)
+    k = ("G", entries)
+  i = len(seg.ext)
+  seg.ext.append((t, n, leaves))
+  first = seg.ext_first
+  return ("X", k, t.requires_grad, seg.t_first.setdefault(id(t), i), first.setdefault(id(n), (i, -1)),
+          tuple(first.setdefault(id(b), (i, j)) for j, b in enumerate(leaves)))
+
+
+_EXT_NODES = 64    # the most nodes of an external lazy graph keyed by its structure
+
+
+def _canon(roots: list, place: dict, limit: int = 1 << 30) -> tuple:
+  """A graph's structure independent of the order its nodes were made in (hash-consing varies it): each node in
+  the order a walk from the roots along the sources meets it, as its op, dtype, argument, shape, device and
+  sources; a node in `place` (a call's argument) as its place; a realized node as a leaf of its dtype, shape and
+  device. (entries, the roots' indices, the leaves in walk order)."""
+  node_key = _m["node_key"]
+  index: dict = {}
+  out: list = []
+  leaves: list = []
+  for root in roots:
+    stack = [(root, False)]
+    while stack:
+      n, ready = stack.pop()
+      if id(n) in index: continue
+      if id(n) in place: e = ("ARG", place[id(n)])
+      elif n.buffer is not None and n.op != "CONST" and n.op != "IOTA":
+        e = ("LEAF", n.dtype, n.shape, n.device)
+        leaves.append(n)
+      elif not ready:
+        stack.append((n, True))
+        stack.extend((s, False) for s in reversed(n.src))
+        continue
+      else: e = node_key(n) + tuple(index[id(s)] for s in n.src)
+      index[id(n)] = len(out)
+      out.append(e)
+      if len(out) > limit: raise Untraceable(f"an input is a lazy graph of over {limit} nodes built outside the trace")
+  return tuple(out), tuple(index[id(r)] for r in roots), tuple(leaves)
+
+
+def _ref(seg: Segment, t) -> tuple:
+  k = _slot_of(seg, t)
+  if k is not None: return ("S", k)
+  w = seg.written.get(id(t))
+  if w is not None and w[1] is t: return ("W", w[0])
+  if t._trace is not None: raise Untraceable("a placeholder of an earlier segment")
+  return _external(seg, t)
+
+
+def _spec(a, tensors: list):
+  t = type(a)
+  if a is None or t is str or t is bool or t is int: return (t, a)
+  if t is float: return (float, a.hex())
+  if t is _m["DType"]: return a
+  if t is tuple or t is list: return (t.__name__,) + tuple(_spec(x, tensors) for x in a)
+  if t is dict: return ("dict",) + tuple((k, _spec(v, tensors)) for k, v in a.items())
+  if t is slice: return ("slice", _spec(a.start, tensors), _spec(a.stop, tensors), _spec(a.step, tensors))
+  if a is Ellipsis: return ("...",)
+  if isinstance(a, _m["Tensor"]):
+    tensors.append(a)
+    return ("tensor", len(tensors) - 1)
+  raise Untraceable(f"an argument of type {t.__name__}")
+
+
+def _rebuild(spec, tensors: list):
+  if isinstance(spec, _m["DType"]): return spec
+  t = spec[0]
+  if t == "tensor": return tensors[spec[1]]
+  if t == "tuple" or t == "list":
+    out = [_rebuild(x, tensors) for x in spec[1:]]
+    return tuple(out) if t == "tuple" else out
+  if t == "dict": return {k: _rebuild(v, tensors) for k, v in spec[1:]}
+  if t == "slice": return slice(*(_rebuild(x, tensors) for x in spec[1:]))
+  if t == "...": return Ellipsis
+  if t is float: return float.fromhex(spec[1])
+  return spec[1]
+
+
+def _form(x, outs: list):
+  """A result as a hashable form, tensors as ("T", place in outs)."""
+  if isinstance(x, _m["Tensor"]):
+    outs.append(x)
+    return ("T", len(outs) - 1)
+  t = type(x)
+  if t is tuple or t is list: return (t.__name__,) + tuple(_form(v, outs) for v in x)
+  if isinstance(x, tuple) and hasattr(x, "_fields"): return ("nt", t) + tuple(_form(v, outs) for v in x)
+  raise Untraceable(f"a result of type {t.__name__}")
+
+
+def _unform(form, outs: list):
+  t = form[0]
+  if t == "T": return outs[form[1]]
+  if t == "nt": return form[1](*(_unform(v, outs) for v in form[2:]))
+  vals = [_unform(v, outs) for v in form[1:]]
+  return tuple(vals) if t == "tuple" else vals
+
+
+def _meta(t) -> tuple:
+  return (t.shape, t.dtype, t.device, t._ctx is None, t.requires_grad)
+
+
+def _new_slot(seg: Segment, t) -> int:
+  k = seg.nslot
+  seg.nslot += 1
+  seg.slots[id(t)] = (k, weakref.ref(t))
+  return k
+
+
+def _adopt_slot(seg: Segment, o, k: int) -> None:
+  """A real result of the segment: its slot, and its methods become events."""
+  seg.slots[id(o)] = (k, weakref.ref(o))
+  o.__class__ = _Traced
+
+
+# ---- calls ---------------------------------------------------------------------------------------------------------
+
+def call(kind: str, fn, real, args: tuple, kwargs: dict):
+  """A top-level frontend call real(*args, **kwargs), recorded, replayed or run eagerly; fn names it in the key
+  (with every argument: real must be a function of them, the grad mode and the default dtype alone)."""
+  seg = _current()
+  if seg.mode == OFF: return _run(real, args, kwargs)
+  try:
+    tensors: list = []
+    spec = _spec((args, kwargs), tensors)
+    key = (kind, fn, spec, tuple(_ref(seg, t) for t in tensors), _modes())
+  except Untraceable as e:
+    _leave(seg, str(e))
+    return _run(real, args, kwargs)
+  stats["events"] += 1
+  if seg.mode == REC and not seg.events:
+    tr = _traces.get(key)
+    if tr is not None:
+      _traces.move_to_end(key)
+      seg.mode, seg.trace = REP, tr
+  if seg.mode == REP: return _replay(seg, key, real, args, kwargs, tensors)
+  return _record(seg, key, kind, real, args, kwargs, tensors, spec)
+
+
+def _run(real, args, kwargs):
+  _depth[0] += 1
+  try:
+    return real(*args, **kwargs)
+  finally:
+    _depth[0] -= 1
+
+
+def off(msg: str) -> None:
+  """The segment in progress goes on eagerly (something it cannot follow happened)."""
+  seg = _seg[0]
+  if seg is not None: _leave(seg, msg)
+
+
+def _leave(seg: Segment, msg: str) -> None:
+  if seg.mode == REP: deviate(seg, msg)
+  elif seg.mode == REC:
+    _why(f"not recorded: {msg}")
+    seg.mode = OFF
+
+
+_writes_in_call: list = []    # per recording call in progress: the writes made inside it (tensor, value, node before)
+_checks_in_call: list = []    # per recording call in progress: the checks made inside it (fn, tensor, args, host reads)
+
+
+def check(fn):
+  """A check of an input's values on the host that raises or does nothing (class indices in range): a recorded call
+  that made it is still replayed, running the check again on the replay's input."""
+  import functools
+
+  @functools.wraps(fn)
+  def f(t, *args):
+    if not _checks_in_call or _seg[0] is None: return fn(t, *args)
+    reads = _m["jit"].host_reads[0]
+    out = fn(t, *args)
+    _checks_in_call[-1].append((fn, t, args, _m["jit"].host_reads[0] - reads))
+    return out
+  return f
+
+
+def _record(seg, key, kind, real, args, kwargs, tensors, spec):
+  jit, Tensor = _m["jit"], _m["Tensor"]
+  before = [t.node for t in tensors]
+  reads, start = jit.host_reads[0], next(_m["gn"]._seq)
+  writes: list = []
+  checks: list = []
+  _writes_in_call.append(writes)
+  _checks_in_call.append(checks)
+  _depth[0] += 1
+  try:
+    out = real(*args, **kwargs)
+  finally:
+    _depth[0] -= 1
+    _writes_in_call.pop()
+    _checks_in_call.pop()
+  if seg.mode != REC: return out
+  try:
+    ev = _Event(key, kind, spec)
+    checked = []
+    for fn, t, cargs, n in checks:   # a check of an argument's values runs again in a replay
+      j = next((j for j, x in enumerate(tensors) if x is t or x.node is t.node), None)
+      if j is None: break
+      checked.append((fn, j, cargs))
+      reads += n
+    ev.checks = tuple(checked)
+    ev.host = jit.host_reads[0] != reads
+    outs: list = []
+    form = _form(out, outs)
+    writes = [(t, r) for t, r, n in writes if n.seq < start]    # (a tensor the call made and wrote is its own affair)
+    wrote = {id(t) for t, _r in writes}
+    for t, b in zip(tensors, before):
+      if t.node is not b and id(t) not in wrote: raise Untraceable("a call changed an input other than by a write")
+    news, refs = [], []
+    for o in outs:
+      j = next((j for j, t in enumerate(tensors) if t is o), None)
+      if j is not None:
+        refs.append(("arg", j))
+        continue
+      if type(o) is not Tensor: raise Untraceable(f"a result of type {type(o).__name__}")
+      if _slot_of(seg, o) is not None or any(o is x for x in news):
+        raise Untraceable("a call returned a result of an earlier call")
+      refs.append(("new", len(news)))
+      news.append(o)
+    ev_writes = []
+    for t, r in writes:
+      j = next((j for j, x in enumerate(tensors) if x is t), None)
+      if j is None or type(r) is not Tensor or not _pending_ok(seg, t):
+        raise Untraceable("a call wrote a tensor the trace does not follow")
+      ev_writes.append((j, r))
+    if ev.host:
+      if ev_writes: raise Untraceable("a call that reads the host also wrote")
+      ev.check, leaves = _structure(news, tensors)
+      seg.hleaves.append((len(seg.events), leaves))
+    slots = []
+    for o in news:
+      k = _new_slot(seg, o)
+      seg.snodes[k] = o.node
+      o.__class__ = _Traced
+      slots.append((k, _meta(o), _views_external(seg, o)))
+    ev.news = tuple(slots)
+    ev.form = (form, tuple(refs))
+    ws = []
+    for j, r in ev_writes:
+      k = _new_slot(seg, r)
+      seg.snodes[k] = r.node
+      _note_write(seg, tensors[j], k, r)
+      ws.append((j, k, _meta(r)))
+    ev.writes = tuple(ws)
+    seg.events.append(ev)
+  except Untraceable as e:
+    _leave(seg, str(e))
+  return out
+
+
+def _views_external(seg: Segment, o) -> bool:
+  """Is o a view of an external tensor's storage (a write into that tensor would change o)?"""
+  a = o._alias
+  if a is None or type(a[1]) is not tuple or not a[1]: return False
+  base = a[0].ref()
+  i = seg.t_first.get(id(base))
+  return base is not None and i is not None and seg.ext[i][0] is base
+
+
+def _structure(news: list, tensors: list) -> tuple:
+  """The graph a call that reads the host made (compared in a replay, which runs such a call for real), and the
+  buffers it reads that are no argument (a random draw's keys): ((entries, roots), leaves)."""
+  place: dict = {}
+  for i, t in enumerate(tensors): place.setdefault(id(t.node), i)
+  entries, roots, leaves = _canon([o.node for o in news], place)
+  return (entries, roots), leaves
+
+
+def _note_write(seg: Segment, t, k: int, value) -> None:
+  seg.written[id(t)] = (len(seg.written), t, k, value)
+
+
+def _replay(seg, key, real, args, kwargs, tensors):
+  tr = seg.trace
+  if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key:
+    deviate(seg, "another call than the recorded one" if seg.pos < len(tr.events) else "more calls than recorded")
+    return _run(real, args, kwargs)
+  ev = tr.events[seg.pos]
+  form, refs = ev.form
+  if ev.host:   # it checks values on the host: it runs for real, and the graph it made is compared
+    out = _run(real, args, kwargs)
+    outs: list = []
+    try:
+      _form(out, outs)
+      news = [outs[i] for i, r in enumerate(refs) if r[0] == "new"]
+      if len(news) != len(ev.news) or any(type(o) is not _m["Tensor"] for o in news):
+        raise Untraceable("a call reading the host made another graph")
+      check, leaves = _structure(news, tensors)
+      if check != ev.check: raise Untraceable("a call reading the host made another graph")
+    except Untraceable as e:
+      deviate(seg, str(e))
+      return out
+    seg.pos += 1
+    seg.done.append([ev, tensors, (news, leaves)])
+    for o, (k, _meta_, _v) in zip(news, ev.news): _adopt_slot(seg, o, k)
+    return out
+  for j, _k, _meta_ in ev.writes:
+    if not _pending_ok(seg, tensors[j]):
+      deviate(seg, "a write the trace does not follow")
+      return _run(real, args, kwargs)
+  for fn, j, cargs in ev.checks:
+    try:
+      _run(fn, (tensors[j],) + cargs, {})
+    except Exception:
+      deviate(seg, "a check of an input's values failed")
+      raise
+  seg.pos += 1
+  seg.done.append([ev, tensors, real])
+  news = [_placeholder(seg, k, meta, view) for k, meta, view in ev.news]
+  outs = [tensors[r[1]] if r[0] == "arg" else news[r[1]] for r in refs]
+  for j, k, meta in ev.writes: _note_write(seg, tensors[j], k, _placeholder(seg, k, meta, False))
+  return _unform(form, outs)
+
+
+def _placeholder(seg: Segment, k: int, meta, view: bool):
+  t = _Traced.__new__(_Traced)
+  t.grad, t._ctx, t._alias = None, None, None
+  t.requires_grad = meta[4]
+  t._trace = _PH(seg, k, meta)
+  seg.slots[id(t)] = (k, weakref.ref(t))
+  if view: seg.views.append(weakref.ref(t))
+  return t
+
+
+# ---- writes (alias.write asks first) -------------------------------------------------------------------------------
+
+def on_write(t, r) -> bool:
+  """alias.write(t, r) is about to run: True when the trace holds it pending (a replay) instead."""
+  seg = _seg[0]
+  if seg is None or threading.get_ident() != _main: return False
+  if _depth[0]:
+    if _writes_in_call: _writes_in_call[-1].append((t, r, t.node))
+    elif seg.mode == REC: _leave(seg, "a write inside a call")
+    return False
+  if seg.mode == OFF: return False
+  k = _slot_of(seg, r)
+  if k is None or not _pending_ok(seg, t):
+    _leave(seg, "a write the trace does not follow")
+    return False
+  try:
+    key = ("write", _ref(seg, t), k, _modes())
+  except Untraceable as e:
+    _leave(seg, str(e))
+    return False
+  if seg.mode == REC:
+    seg.events.append(_Event(key, "write", None))
+    _note_write(seg, t, k, r)
+    return False
+  tr = seg.trace
+  if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key:
+    deviate(seg, "another write than the recorded one")
+    return False
+  seg.done.append([tr.events[seg.pos], [t, r], None])
+  seg.pos += 1
+  _note_write(seg, t, k, r)
+  return True
+
+
+def _pending_ok(seg: Segment, t) -> bool:
+  """Writes the trace follows: an optimizer's, without grad mode, into a tensor not written yet in the segment that
+  is neither a view (its own views are updated when the write is made) nor a result of the segment."""
+  if not in_step[0] or _m["autograd"].grad_enabled() or id(t) in seg.written or _slot_of(seg, t) is not None or \
+     t._trace is not None:
+    return False
+  a = t._alias
+  if a is not None and (type(a[1]) is not tuple or a[1]): return False
+  if seg.mode == REP:
+    for w in seg.views:   # a placeholder viewing an external would not see the write
+      if w() is not None: return False
+  return True
+
+
+# ---- backward ------------------------------------------------------------------------------------------------------
+
+def backward(t, retain_graph) -> bool:
+  """Tensor.backward() of a segment's result (no arguments but retain_graph): True when done here."""
+  seg = _current()
+  if seg.mode == OFF: return False
+  k = _slot_of(seg, t)
+  key = ("backward", k, retain_graph, _modes())
+  if k is None:
+    _leave(seg, "a backward from a tensor outside the segment")
+    return False
+  if seg.mode == REP:
+    tr = seg.trace
+    ev = tr.events[seg.pos] if seg.pos < len(tr.events) else None
+    if ev is None or ev.key != key or not all(seg.ext[i][0].grad is None for i, _k, _m_ in ev.leaves):
+      deviate(seg, "another backward than the recorded one")
+      return False
+    seg.pos += 1
+    seg.done.append([ev, [t], None])
+    for i, k2, meta in ev.leaves: seg.ext[i][0].grad = _placeholder(seg, k2, meta, False)
+    if t._trace is not None and t._trace.shape == (): seg.later.append(weakref.ref(t))
+    return True
+  written: list = []
+  _depth[0] += 1
+  try:
+    _m["autograd"].backward(t, retain_graph=retain_graph, written=written)
+  finally:
+    _depth[0] -= 1
+  if seg.mode != REC: return True
+  try:
+    ev = _Event(key, "backward", None)
+    leaves = []
+    for leaf, old in written:
+      if old is not None: raise Untraceable("a backward accumulating into an existing .grad")
+      i = seg.t_first.get(id(leaf))
+      if i is None or seg.ext[i][0] is not leaf: raise Untraceable("a backward reaching a leaf no call was given")
+      g = leaf.grad
+      if type(g) is not _m["Tensor"] or _slot_of(seg, g) is not None: raise Untraceable("a gradient of another kind")
+      k2 = _new_slot(seg, g)
+      seg.snodes[k2] = g.node
+      g.__class__ = _Traced
+      leaves.append((i, k2, _meta(g)))
+    ev.leaves = tuple(leaves)
+    seg.events.append(ev)
+  except Untraceable as e:
+    _leave(seg, str(e))
+  return True
+
+
+# ---- deviating: the events so far run for real --------------------------------------------------------------------
+
+def deviate(seg: Segment, msg: str) -> None:
+  """Leave the replay: the segment's events so far run for real, each placeholder adopting its real tensor."""
+  if seg.mode != REP: return
+  stats["deviations"] += 1
+  _why(f"deviated at event {seg.pos}: {msg}")
+  seg.mode = OFF
+  tr = seg.trace
+  tr.misses += 1
+  if tr.misses >= _MISSES:   # record this start again: the program's steps changed
+    for key, v in list(_traces.items()):
+      if v is tr: del _traces[key]
+  _materialize(seg, live=True)
+
+
+def _materialize(seg: Segment, live: bool) -> None:
+  """Run the replayed events again for real. live: inside the segment (writes and backward too, external inputs as
+  they are); otherwise after it (calls only, external inputs as they were at the call)."""
+  autograd, alias, Tensor = _m["autograd"], _m["alias"], _m["Tensor"]
+  real: dict = {}        # slot -> its real tensor
+  phs = {v[0]: v[1] for v in seg.slots.values()}
+  at_call: dict = {}
+  for t, n, _b in seg.ext: at_call.setdefault(id(t), n)
+
+  def alive(k):
+    w = phs.get(k)
+    p = w() if w is not None else None
+    return p if p is not None and p._trace is not None else None
+
+  stand_in: dict = {}
+
+  def arg(r, t):
+    if r[0] == "S": return real[r[1]]
+    if live or r[0] == "W": return t
+    n = at_call.get(id(t), t.node)
+    if t.node is n: return t
+    w = stand_in.get(id(t))    # the value the calls read, once per tensor (a gradient reaches it)
+    if w is None:
+      w = stand_in[id(t)] = Tensor(_node=n)
+      if t.requires_grad: w.requires_grad_()
+    return w
+
+  def _rerun(ev, tensors, extra):
+    if ev.kind == "write":
+      if live:
+        t = tensors[0]
+        del seg.written[id(t)]
+        alias.write(t, real[ev.key[2]])
+      return
+    if ev.kind == "backward":
+      if not live:   # after the step: the gradients of the values the calls read, through the calls made again
+        ins = [arg(("X",), seg.ext[i][0]) for i, _k, _m_ in ev.leaves]
+        gs = autograd.grad([real[ev.key[1]]], ins, retain_graph=True, allow_unused=True)
+        for g, (_i, k, _m_) in zip(gs, ev.leaves):
+          p = alive(k)
+          if p is not None and g is not None: _adopt(p, g)
+          real[k] = p if p is not None else g
+        return
+      leaves = [seg.ext[i][0] for i, _k, _m_ in ev.leaves]
+      for leaf in leaves: leaf.grad = None
+      autograd.backward(real[ev.key[1]], retain_graph=ev.key[2])
+      for leaf, (_i, k, _m_) in zip(leaves, ev.leaves):
+        p = alive(k)
+        if p is not None and leaf.grad is not None:
+          _adopt(p, leaf.grad)
+          leaf.grad = p
+        real[k] = leaf.grad
+      return
+    if ev.host:          # it ran for real in the replay
+      for o, (k, _m_, _v) in zip(extra[0], ev.news): real[k] = o
+      return
+    if ev.writes and not live: return   # (an optimizer's update: its results are no one's after the step)
+    xs = [arg(r, t) for r, t in zip(ev.key[3], tensors)]
+    spec = ev.spec
+    args, kwargs = _rebuild(spec, xs)
+    out = (getattr(Tensor, ev.key[1]) if ev.kind == "method" else extra)(*args, **kwargs)
+    outs: list = []
+    _form(out, outs)
+    form, refs = ev.form
+    for r, o in zip(refs, outs):
+      if r[0] != "new": continue
+      k = ev.news[r[1]][0]
+      p = alive(k)
+      if p is not None and p is not o: _adopt(p, o)
+      real[k] = p if p is not None else o
+    for j, k, _m_ in ev.writes:   # the call wrote its argument: the value's placeholder is the argument's new value
+      t = xs[j]
+      if id(t) in seg.written: del seg.written[id(t)]
+      p = alive(k)
+      if p is not None: _adopt(p, Tensor(_node=t.node))
+      real[k] = p if p is not None else Tensor(_node=t.node)
+
+  _depth[0] += 1
+  try:
+    for ev, tensors, extra in seg.done:
+      with (autograd.enable_grad() if ev.key[-1][0] else autograd.no_grad()):   # the grad mode it ran in
+        _rerun(ev, tensors, extra)
+  finally:
+    _depth[0] -= 1
+  seg.views.clear()
+  if not live: _forget(seg)
+
+
+def _adopt(p, r) -> None:
+  """Placeholder p becomes the real tensor r (same value, recipe and aliasing)."""
+  p.node, p.requires_grad, p.grad, p._ctx, p._alias = r.node, r.requires_grad, r.grad, r._ctx, None
+  p._trace = None
+  p.__class__ = _m["Tensor"]
+  a = r._alias
+  if a is not None and type(a[1]) is tuple:   # p takes r's place among its storage's members
+    st = a[0]
+    p._alias = a
+    if st.ref() is r: st.ref = weakref.ref(p)
+    st.members = [weakref.ref(p) if w() is r else w for w in st.members]
+
+
+def materialize(p) -> None:
+  """A placeholder's node is needed (Tensor.node of a _Traced): deviate its segment, or, after it, make it."""
+  seg = p._trace.seg
+  if _seg[0] is seg and seg.mode == REP: deviate(seg, "a placeholder's node was needed")
+  else: _materialize(seg, live=False)
+  if p._trace is not None:
+    raise RuntimeError("fusegrad: a result of a replayed step cannot be made again after the step (the optimizer "
+                       "update that made it wrote its state); please report this")
+
+
+# ---- the realize that ends a segment -------------------------------------------------------------------------------
+
+def on_realize(tensors=None, nodes=None) -> bool:
+  """A realize while a segment is open (fusegrad.realize, Tensor.realize/numpy, the engine's realize): True when it
+  was done here (a replay's plan, or a recording's realize of the segment's targets)."""
+  seg = _seg[0]
+  if seg is None or threading.get_ident() != _main: return False
+  if _depth[0]:
+    _leave(seg, "a realize inside a call")
+    return False
+  if seg.mode == OFF or not enabled():
+    _leave(seg, "a capture or a tracker")
+    _end(seg)
+    return False
+  try:
+    idents = _targets(seg, tensors, nodes)
+  except Untraceable as e:
+    _leave(seg, str(e))
+    _end(seg)
+    return False
+  if seg.mode == REP:
+    tr = seg.trace
+    if seg.pos != len(tr.events) or idents != tr.targets:
+      _leave(seg, "another realize than the recorded one" if seg.pos == len(tr.events) else "fewer calls than recorded")
+      _end(seg)
+      return False
+    tr.misses = 0
+    _launch(seg, tr)
+    _end(seg)
+    return True
+  nodes_all = [seg.snodes[i[1]] if i[0] == "S" else _written(seg, i[1])[1].node for i in idents]
+  entry, walked = _m["realize"].realize_nodes(nodes_all)
+  try:
+    if not seg.events: raise Untraceable("no calls")
+    tr = _trace_of(seg, entry, walked, idents, nodes_all)
+    key = seg.events[0].key
+    _traces[key] = tr
+    _traces.move_to_end(key)
+    if len(_traces) > _MAX: _traces.popitem(last=False)
+    stats["records"] += 1
+  except Untraceable as e:
+    _why(f"not recorded: {e}")
+  _end(seg)
+  return True
+
+
+def _written(seg: Segment, w: int) -> tuple:
+  return next(v for v in seg.written.values() if v[0] == w)
+
+
+def _targets(seg: Segment, tensors, nodes) -> tuple:
+  """The segment's targets as sorted idents: the realize's own, realize.later's, the written tensors, and the
+  gradients its backward passes left on their leaves."""
+  rz = _m["realize"]
+  ids = set()
+  wnodes = {id(v[1].node): v[0] for v in seg.written.values()} if nodes is not None and seg.mode == REC else {}
+
+  def done(n) -> bool: return n.buffer is not None or n.op in ("BUFFER", "CONST")
+
+  for t in tensors or ():
+    k = _slot_of(seg, t)
+    if k is not None: ids.add(("S", k))
+    elif (w := seg.written.get(id(t))) is not None and w[1] is t: pass    # every written tensor is a target
+    elif t._trace is not None or not done(t.node): raise Untraceable("a realize of a tensor from outside the segment")
+  for n in nodes or ():
+    if done(n) or id(n) in wnodes: continue
+    k = next((k for k, m in seg.snodes.items() if m is n), None) if seg.mode == REC else None
+    if k is None: raise Untraceable("a realize of a node from outside the segment")
+    ids.add(("S", k))
+  later = [r() for r in seg.later] + [r() for r in rz._later.values()]
+  for t in later:
+    if t is None: continue
+    k = _slot_of(seg, t)
+    if k is not None: ids.add(("S", k))
+    elif (w := seg.written.get(id(t))) is not None and w[1] is t: pass
+    elif t._trace is not None or not done(t.node): raise Untraceable("a pending realize of a tensor from outside the segment")
+  rz._later.clear()
+  seg.later.clear()
+  for w, _t, _k, _v in seg.written.values(): ids.add(("W", w))
+  return tuple(sorted(ids))
+
+
+def _trace_of(seg: Segment, entry, walked: list, idents: tuple, nodes_all: list) -> Trace:
+  plan = entry.plan if entry is not None else None
+  if plan is None: raise Untraceable("the realize left no plan to replay (a copy between devices, or no kernel)")
+  where: dict = {}      # id(realized node) -> where a replay finds it: ("X", external place, leaf) / ("H", event, leaf)
+  for i, (_t, _n, leaves) in enumerate(seg.ext):
+    for j, b in enumerate(leaves): where.setdefault(id(b), ("X", i, j))
+  for e, leaves in seg.hleaves:
+    for j, b in enumerate(leaves): where.setdefault(id(b), ("H", e, j))
+  inputs, stands, outpos = [], [], {}
+  j = 0
+  for _dev, _k, outs, refs, vals, _last in plan.steps:
+    for i, _size, _dtype in outs:
+      outpos[i] = j
+      j += 1
+    for i in refs:
+      if i < 0: continue
+      src = where.get(id(walked[i]))
+      if src is None:     # a buffer a call read that is no argument (a cached causal mask): the same one, as a
+        stands.append((i, walked[i]))   # fusegrad.jit replay reads it
+        continue
+      inputs.append((i, src))
+    for p in vals:
+      if type(p) is int: stands.append((p, _Stand(walked[p])))
+      elif type(p) is tuple: raise Untraceable("a kernel with a runtime size")
+  pos = {id(n): i for i, n in enumerate(walked)}
+  outs = {}
+  for ident, n in zip(idents, nodes_all):
+    if id(n) in where and n.buffer is not None and n.op not in ("CONST", "IOTA"): outs[ident] = ("in", where[id(n)])
+    elif id(n) in pos and pos[id(n)] in outpos: outs[ident] = ("out", outpos[pos[id(n)]], n.shape, n.dtype, n.device)
+    elif not n.src and n.op in ("CONST", "IOTA") and n.buffer is None: outs[ident] = ("node", n)
+    else: raise Untraceable(f"a target ({n.op} {list(n.shape)}) that the plan does not compute")
+  return Trace(tuple(seg.events), plan, len(walked), tuple(inputs), tuple(stands), idents, outs)
+
+
+def _launch(seg: Segment, tr: Trace) -> None:
+  alias, autograd, gn, Tensor = _m["alias"], _m["autograd"], _m["gn"], _m["Tensor"]
+  nodes: list = [None] * tr.size
+  for pos, src in tr.inputs: nodes[pos] = _source(seg, src)
+  for pos, s in tr.stands: nodes[pos] = s
+  made = tr.plan.launch(nodes)
+  stats["replays"] += 1
+  phs = {v[0]: v[1] for v in seg.slots.values()}
+  _depth[0] += 1     # (the writes below are the step's own, made now)
+  try:
+    _bind_all(seg, tr, made, phs)
+  finally:
+    _depth[0] -= 1
+
+
+def _source(seg: Segment, src: tuple):
+  """The realized node a replay reads where the recording read one (Trace.inputs)."""
+  if src[0] == "X": return seg.ext[src[1]][2][src[2]]
+  return seg.done[src[1]][2][1][src[2]]
+
+
+def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict) -> None:
+  alias, autograd, gn, Tensor = _m["alias"], _m["autograd"], _m["gn"], _m["Tensor"]
+  for ident, how in tr.outs.items():
+    if how[0] == "out": node = gn.buffer_node(made[how[1]], how[3], how[2], how[4])
+    elif how[0] == "in": node = _source(seg, how[1])
+    else: node = how[1]
+    if ident[0] == "S":
+      w = phs.get(ident[1])
+      p = w() if w is not None else None
+      if p is not None and p._trace is not None: _bind(p, node)
+    else:
+      _w, t, _k, value = _written(seg, ident[1])
+      with autograd.no_grad(): alias.write(t, Tensor(_node=node))
+      if value._trace is not None: _bind(value, node)
+
+
+def _bind(p, node) -> None:
+  """A placeholder the plan computed: a realized tensor now (its graph is gone: a backward through it raises, as
+  torch's does once a backward freed the graph)."""
+  autograd = _m["autograd"]
+  leaf = p._trace.leaf
+  p.node = node
+  p._trace = None
+  p.__class__ = _m["Tensor"]
+  if p.requires_grad and not leaf: p._ctx = ("CONTIGUOUS", None, (), autograd._FREED, next(autograd._seq))
+
+
+def _end(seg: Segment) -> None:
+  """The segment is over: its results are plain tensors again; placeholders still alive stay placeholders (made on
+  first use: `materialize`), so the segment keeps what making them needs, and nothing else."""
+  if _seg[0] is seg: _seg[0] = None
+  Tensor = _m["Tensor"]
+  keep = {}
+  for key, (k, w) in seg.slots.items():
+    t = w()
+    if t is None: continue
+    if t._trace is None:
+      if type(t) is _Traced: t.__class__ = Tensor
+    else: keep[key] = (k, w)
+  seg.slots = keep
+  seg.written.clear()
+  seg.snodes.clear()
+  seg.hleaves = []
+  seg.events = []
+  seg.later.clear()
+  if not keep: _forget(seg)
+  else:    # the external inputs stay as the calls saw them; the results they made stay reachable by slot only
+    seg.done = [[ev, [t if r[0] == "X" else None for r, t in zip(ev.key[3], ts)] if ev.kind in ("method", "fn", "update")
+                 else ts, extra] for ev, ts, extra in seg.done]
+
+
+def _forget(seg: Segment) -> None:
+  seg.done = []
+  seg.ext = []
+  seg.ext_first.clear()
+  seg.t_first.clear()
+
+
+# ---- the placeholder class -----------------------------------------------------------------------------------------
+
+_OPS = ("__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ __rfloordiv__ "
+        "__mod__ __rmod__ __pow__ __rpow__ __matmul__ __rmatmul__ __neg__ __pos__ __abs__ __invert__ __and__ "
+        "__rand__ __or__ __ror__ __xor__ __rxor__ __lshift__ __rshift__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ "
+        "__getitem__").split()
+# methods that are not events: they are no pure function of their arguments, answer from metadata, or read values
+_NOT_EVENTS = {"backward", "numpy", "realize", "item", "tolist", "size", "dim", "numel", "nelement", "element_size",
+               "is_floating_point", "retain_grad", "register_hook", "register_post_accumulate_grad_hook",
+               "data_ptr", "storage", "untyped_storage", "is_contiguous", "stride", "storage_offset", "type",
+               "get_device", "is_complex", "is_signed", "record_stream", "pin_memory", "is_pinned", "is_shared",
+               "new_tensor"}
+
+
+def _make_traced():
+  Tensor = _m["Tensor"]
+
+  class _Traced(Tensor):
+    """A segment's result: its methods are the trace's events; a placeholder (node not set) answers its shape,
+    dtype and device and is made (`materialize`) when anything else needs its node."""
+    __slots__ = ()
+
+    def __getattr__(self, name):
+      if name == "node" and object.__getattribute__(self, "_trace") is not None:
+        materialize(self)
+        return object.__getattribute__(self, "node")
+      raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+
+    @property
+    def shape(self):
+      ph = self._trace
+      return ph.shape if ph is not None else self.node.shape
+
+    @property
+    def dtype(self):
+      ph = self._trace
+      return ph.dtype if ph is not None else self.node.dtype
+
+    @property
+    def device(self):
+      ph = self._trace
+      return ph.device if ph is not None else self.node.device
+
+    @property
+    def ndim(self): return len(self.shape)
+
+    @property
+    def is_leaf(self):
+      ph = self._trace
+      return ph.leaf if ph is not None else self._ctx is None
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+      if gradient is None and not create_graph and inputs is None and enabled() and \
+         self.requires_grad and backward(self, retain_graph):
+        return None
+      return Tensor.backward(self, gradient, retain_graph, create_graph, inputs)
+
+    def numpy(self):
+      if self._trace is not None and _seg[0] is self._trace.seg and enabled(): on_realize(tensors=[self])
+      return Tensor.numpy(self)
+
+    def realize(self):
+      if _seg[0] is not None and enabled() and on_realize(tensors=[self]): return self
+      return Tensor.realize(self)
+
+  def method(name, real):
+    def m(self, *args, **kwargs):
+      if not enabled(): return real(self, *args, **kwargs)
+      return call("method", name, real, (self,) + args, kwargs)
+    m.__name__, m.__qualname__, m.__doc__ = name, f"Tensor.{name}", real.__doc__
+    return m
+
+  for name, v in vars(Tensor).items():
+    if not callable(v) or isinstance(v, (staticmethod, classmethod, type, property)): continue
+    if name in _OPS or not (name.startswith("_") or name.endswith("_") or name in _NOT_EVENTS):
+      setattr(_Traced, name, method(name, v))
+  return _Traced
+
+
+def traced_function(fn):
+  """A module-level frontend function (nn.functional's) that is an event when called at the top level."""
+  import functools
+
+  @functools.wraps(fn)
+  def f(*args, **kwargs):
+    if not enabled(): return fn(*args, **kwargs)
+    return call("fn", f, fn, args, kwargs)
+  f.__traced__ = fn
+  return f
+
+
+_Traced = None
+_PRIVATE_F = ("_convnd", "_conv_transposend", "_max_poolnd", "_avg_poolnd")   # what nn's layers call
+
+
+def install() -> None:
+  """The placeholder class, and nn.functional's functions as events (fusegrad/__init__.py calls this once)."""
+  global _Traced
+  import types
+  from fusegrad import autograd, alias, dtype as dt
+  from fusegrad.dtype import DType
+  from fusegrad.engine import jit, track, realize
+  from fusegrad.graph import dims, template, node as gn
+  from fusegrad.tensor import Tensor
+  from fusegrad.templates import _node_key, _inputs_key
+  _m.update(autograd=autograd, alias=alias, dt=dt, DType=DType, jit=jit, track=track, realize=realize, dims=dims,
+            template=template, gn=gn, Tensor=Tensor, node_key=_node_key, inputs_key=_inputs_key)
+  _Traced = _make_traced()
+  from fusegrad.nn import functional as F
+  for name, v in list(vars(F).items()):
+    if not isinstance(v, types.FunctionType) or hasattr(v, "__traced__"): continue
+    if not (v.__module__ or "").startswith("fusegrad"): continue
+    if name.startswith("_") and name not in _PRIVATE_F: continue
+    setattr(F, name, traced_function(v))
