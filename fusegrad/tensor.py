@@ -1843,7 +1843,14 @@ def _mix32(x: Tensor) -> Tensor:
 def _random_bits(n: int, device: str, generator=None) -> Tensor:
   """n uniformly distributed uint32 values from (seed, counter) of `generator` (default: the global one);
   advances its counter."""
-  g = _gen(generator)
+  return _hash_bits(_draw_keys(_gen(generator), n, device), n)
+
+
+def _draw_keys(g, n: int, device: str) -> Tensor:
+  """A buffer of the keys of n draws from holder g (advancing its counter), written on the host. A replayed step
+  (engine/trace.py) draws through here too, or is handed the keys it drew (`trace.drawn`)."""
+  keys = _trace.drawn(g, n, device)
+  if keys is not None: return keys
   # the keys travel as a buffer, so the kernel is the same for every call and compiles once (and a captured
   # step, fusegrad.jit, draws new keys at every replay)
   keys = Tensor(_node=gn.buffer_node(rd.Buffer(rd.get(device), 3, dt.uint32), dt.uint32, (3,), device))
@@ -1855,7 +1862,8 @@ def _random_bits(n: int, device: str, generator=None) -> Tensor:
     g.counter += n
     keys.node.buffer.copyin(np.array([k0, k1, k2 ^ 0x27D4EB2F], dtype=np.uint32))
   _jit.host(draw)
-  return _hash_bits(keys, n)
+  _trace.note_draw(g, n, device, keys)
+  return keys
 
 
 @templated

@@ -93,12 +93,12 @@ class Trace:
 
 class _Event:
   """One recorded call: key (compared), kind ("method", "fn", "update", "write", "backward"), its arguments' spec, the result's form and new slots, the writes it made, whether it reads the host."""
-  __slots__ = ("key", "kind", "spec", "form", "news", "writes", "host", "check", "leaves", "checks")
+  __slots__ = ("key", "kind", "spec", "form", "news", "writes", "host", "check", "leaves", "checks", "draws")
 
   def __init__(self, key, kind, spec):
     self.key, self.kind, self.spec = key, kind, spec
     self.form = self.check = None
-    self.news = self.writes = self.leaves = self.checks = ()
+    self.news = self.writes = self.leaves = self.checks = self.draws = ()
     self.host = False
 
 
@@ -197,8 +197,17 @@ def _ref(seg: Segment, t) -> tuple:
   if k is not None: return ("S", k)
   w = seg.written.get(id(t))
   if w is not None and w[1] is t: return ("W", w[0])
-  if t._trace is not None: raise Untraceable("a placeholder of an earlier segment")
+  if t._trace is not None and not _has_node(t): raise Untraceable("a placeholder of an earlier segment")
   return _external(seg, t)
+
+
+def _has_node(t) -> bool:
+  """Is t's node set (a placeholder's is not; reading it would make the tensor)?"""
+  try:
+    _m["node_slot"].__get__(t, _m["Tensor"])
+    return True
+  except AttributeError:
+    return False
 
 
 def _spec(a, tensors: list):
@@ -315,6 +324,23 @@ _writes_in_call: list = []    # per recording call in progress: the writes made 
 _checks_in_call: list = []    # per recording call in progress: the checks made inside it (fn, tensor, args, host reads)
 
 
+_draws_in_call: list = []     # per recording call in progress: its random draws (holder, n, device, keys)
+_given_keys: list = []        # keys a call made again is handed (the draws its replay made), in draw order
+
+
+def note_draw(g, n: int, device: str, keys) -> None:
+  """A random draw (tensor._draw_keys) was made: a recorded call that drew is replayed by drawing again."""
+  if _draws_in_call and _seg[0] is not None: _draws_in_call[-1].append((g, n, device, keys))
+
+
+def drawn(g, n: int, device: str):
+  """The keys to use for this draw when a call is made again from a replay's draws (None: draw now)."""
+  if not _given_keys: return None
+  gg, nn_, dev, keys = _given_keys.pop(0)
+  if gg is not g or nn_ != n or dev != device: raise AssertionError("trace: a call made again drew differently")
+  return keys
+
+
 def check(fn):
   """A check of an input's values on the host that raises or does nothing (class indices in range): a recorded call
   that made it is still replayed, running the check again on the replay's input."""
@@ -336,8 +362,10 @@ def _record(seg, key, kind, real, args, kwargs, tensors, spec):
   reads, start = jit.host_reads[0], next(_m["gn"]._seq)
   writes: list = []
   checks: list = []
+  draws: list = []
   _writes_in_call.append(writes)
   _checks_in_call.append(checks)
+  _draws_in_call.append(draws)
   _depth[0] += 1
   try:
     out = real(*args, **kwargs)
@@ -345,6 +373,7 @@ def _record(seg, key, kind, real, args, kwargs, tensors, spec):
     _depth[0] -= 1
     _writes_in_call.pop()
     _checks_in_call.pop()
+    _draws_in_call.pop()
   if seg.mode != REC: return out
   try:
     ev = _Event(key, kind, spec)
@@ -355,6 +384,9 @@ def _record(seg, key, kind, real, args, kwargs, tensors, spec):
       checked.append((fn, j, cargs))
       reads += n
     ev.checks = tuple(checked)
+    ev.draws = tuple((g, n, dev) for g, n, dev, _k in draws)   # a replay draws the same way, into new buffers
+    reads += len(draws)
+    if draws: seg.hleaves.append((len(seg.events), tuple(k.node for *_x, k in draws)))
     ev.host = jit.host_reads[0] != reads
     outs: list = []
     form = _form(out, outs)
@@ -447,7 +479,7 @@ def _replay(seg, key, real, args, kwargs, tensors):
       deviate(seg, str(e))
       return out
     seg.pos += 1
-    seg.done.append([ev, tensors, (news, leaves)])
+    seg.done.append([ev, tensors, news, leaves])
     for o, (k, _meta_, _v) in zip(news, ev.news): _adopt_slot(seg, o, k)
     return out
   for j, _k, _meta_ in ev.writes:
@@ -460,8 +492,16 @@ def _replay(seg, key, real, args, kwargs, tensors):
     except Exception:
       deviate(seg, "a check of an input's values failed")
       raise
+  leaves = ()
+  if ev.draws:
+    draw = _m["draw_keys"]
+    _depth[0] += 1
+    try:
+      leaves = tuple(draw(g, n, dev) for g, n, dev in ev.draws)
+    finally:
+      _depth[0] -= 1
   seg.pos += 1
-  seg.done.append([ev, tensors, real])
+  seg.done.append([ev, tensors, real, leaves])
   news = [_placeholder(seg, k, meta, view) for k, meta, view in ev.news]
   outs = [tensors[r[1]] if r[0] == "arg" else news[r[1]] for r in refs]
   for j, k, meta in ev.writes: _note_write(seg, tensors[j], k, _placeholder(seg, k, meta, False))
@@ -469,8 +509,8 @@ def _replay(seg, key, real, args, kwargs, tensors):
 
 
 def _placeholder(seg: Segment, k: int, meta, view: bool):
-  t = _Traced.__new__(_Traced)
-  t.grad, t._ctx, t._alias = None, None, None
+  t = _Traced.__new__(_Traced)    # node, _ctx and _alias unset: whatever reads them makes the tensor (materialize)
+  t.grad = None
   t.requires_grad = meta[4]
   t._trace = _PH(seg, k, meta)
   seg.slots[id(t)] = (k, weakref.ref(t))
@@ -506,7 +546,7 @@ def on_write(t, r) -> bool:
   if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key:
     deviate(seg, "another write than the recorded one")
     return False
-  seg.done.append([tr.events[seg.pos], [t, r], None])
+  seg.done.append([tr.events[seg.pos], [t, r], None, ()])
   seg.pos += 1
   _note_write(seg, t, k, r)
   return True
@@ -544,7 +584,7 @@ def backward(t, retain_graph) -> bool:
       deviate(seg, "another backward than the recorded one")
       return False
     seg.pos += 1
-    seg.done.append([ev, [t], None])
+    seg.done.append([ev, [t], None, ()])
     for i, k2, meta in ev.leaves: seg.ext[i][0].grad = _placeholder(seg, k2, meta, False)
     if t._trace is not None and t._trace.shape == (): seg.later.append(weakref.ref(t))
     return True
@@ -645,9 +685,10 @@ def _materialize(seg: Segment, live: bool) -> None:
         real[k] = leaf.grad
       return
     if ev.host:          # it ran for real in the replay
-      for o, (k, _m_, _v) in zip(extra[0], ev.news): real[k] = o
+      for o, (k, _m_, _v) in zip(extra, ev.news): real[k] = o
       return
     if ev.writes and not live: return   # (an optimizer's update: its results are no one's after the step)
+    if not live and any(r[0] == "S" and r[1] not in real for r in ev.key[3]): return   # (reads one of those)
     xs = [arg(r, t) for r, t in zip(ev.key[3], tensors)]
     spec = ev.spec
     args, kwargs = _rebuild(spec, xs)
@@ -670,18 +711,21 @@ def _materialize(seg: Segment, live: bool) -> None:
 
   _depth[0] += 1
   try:
-    for ev, tensors, extra in seg.done:
+    for ev, tensors, extra, leaves in seg.done:
+      _given_keys[:] = [(g, n, dev, keys) for (g, n, dev), keys in zip(ev.draws, leaves)] if ev.draws else []
       with (autograd.enable_grad() if ev.key[-1][0] else autograd.no_grad()):   # the grad mode it ran in
         _rerun(ev, tensors, extra)
   finally:
     _depth[0] -= 1
+    _given_keys.clear()
   seg.views.clear()
   if not live: _forget(seg)
 
 
 def _adopt(p, r) -> None:
-  """Placeholder p becomes the real tensor r (same value, recipe and aliasing)."""
-  p.node, p.requires_grad, p.grad, p._ctx, p._alias = r.node, r.requires_grad, r.grad, r._ctx, None
+  """Placeholder p becomes the real tensor r (same value, recipe and aliasing; a value the replay computed stays)."""
+  node = p.node if _has_node(p) and p.node.buffer is not None else r.node
+  p.node, p.requires_grad, p.grad, p._ctx, p._alias = node, r.requires_grad, r.grad, r._ctx, None
   p._trace = None
   p.__class__ = _m["Tensor"]
   a = r._alias
@@ -826,9 +870,10 @@ def _launch(seg: Segment, tr: Trace) -> None:
   made = tr.plan.launch(nodes)
   stats["replays"] += 1
   phs = {v[0]: v[1] for v in seg.slots.values()}
+  freed = any(d[0].kind == "backward" and not d[0].key[2] for d in seg.done)
   _depth[0] += 1     # (the writes below are the step's own, made now)
   try:
-    _bind_all(seg, tr, made, phs)
+    _bind_all(seg, tr, made, phs, freed)
   finally:
     _depth[0] -= 1
 
@@ -836,10 +881,10 @@ def _launch(seg: Segment, tr: Trace) -> None:
 def _source(seg: Segment, src: tuple):
   """The realized node a replay reads where the recording read one (Trace.inputs)."""
   if src[0] == "X": return seg.ext[src[1]][2][src[2]]
-  return seg.done[src[1]][2][1][src[2]]
+  return seg.done[src[1]][3][src[2]]
 
 
-def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict) -> None:
+def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict, freed: bool) -> None:
   alias, autograd, gn, Tensor = _m["alias"], _m["autograd"], _m["gn"], _m["Tensor"]
   for ident, how in tr.outs.items():
     if how[0] == "out": node = gn.buffer_node(made[how[1]], how[3], how[2], how[4])
@@ -848,22 +893,25 @@ def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict) -> None:
     if ident[0] == "S":
       w = phs.get(ident[1])
       p = w() if w is not None else None
-      if p is not None and p._trace is not None: _bind(p, node)
+      if p is not None and p._trace is not None: _bind(p, node, freed)
     else:
       _w, t, _k, value = _written(seg, ident[1])
       with autograd.no_grad(): alias.write(t, Tensor(_node=node))
-      if value._trace is not None: _bind(value, node)
+      if value._trace is not None: _bind(value, node, freed)
 
 
-def _bind(p, node) -> None:
-  """A placeholder the plan computed: a realized tensor now (its graph is gone: a backward through it raises, as
-  torch's does once a backward freed the graph)."""
+def _bind(p, node, freed: bool) -> None:
+  """A placeholder the plan computed: its realized value. Its autograd graph, if it has one, is made when first
+  needed (its _ctx stays unset: `materialize`), unless a backward of the step freed it: a backward through it then
+  raises, as torch's does."""
   autograd = _m["autograd"]
-  leaf = p._trace.leaf
-  p.node = node
+  p.node, p._alias = node, None
+  if p.requires_grad and not p._trace.leaf:
+    if not freed: return
+    p._ctx = ("CONTIGUOUS", None, (), autograd._FREED, next(autograd._seq))
+  else: p._ctx = None
   p._trace = None
   p.__class__ = _m["Tensor"]
-  if p.requires_grad and not leaf: p._ctx = ("CONTIGUOUS", None, (), autograd._FREED, next(autograd._seq))
 
 
 def _end(seg: Segment) -> None:
@@ -887,7 +935,7 @@ def _end(seg: Segment) -> None:
   if not keep: _forget(seg)
   else:    # the external inputs stay as the calls saw them; the results they made stay reachable by slot only
     seg.done = [[ev, [t if r[0] == "X" else None for r, t in zip(ev.key[3], ts)] if ev.kind in ("method", "fn", "update")
-                 else ts, extra] for ev, ts, extra in seg.done]
+                 else ts, extra, leaves] for ev, ts, extra, leaves in seg.done]
 
 
 def _forget(seg: Segment) -> None:
@@ -911,6 +959,9 @@ _NOT_EVENTS = {"backward", "numpy", "realize", "item", "tolist", "size", "dim", 
                "new_tensor"}
 
 
+_MADE_ON_USE = ("node", "_ctx", "_alias")   # a placeholder's unset slots: reading one makes it
+
+
 def _make_traced():
   Tensor = _m["Tensor"]
 
@@ -920,9 +971,9 @@ def _make_traced():
     __slots__ = ()
 
     def __getattr__(self, name):
-      if name == "node" and object.__getattribute__(self, "_trace") is not None:
+      if name in _MADE_ON_USE and object.__getattribute__(self, "_trace") is not None:
         materialize(self)
-        return object.__getattribute__(self, "node")
+        return object.__getattribute__(self, name)
       raise AttributeError(f"'Tensor' object has no attribute '{name}'")
 
     @property
@@ -1002,7 +1053,8 @@ def install() -> None:
   from fusegrad.graph import dims, template, node as gn
   from fusegrad.tensor import Tensor
   from fusegrad.templates import _node_key, _inputs_key
-  _m.update(autograd=autograd, alias=alias, dt=dt, DType=DType, jit=jit, track=track, realize=realize, dims=dims,
+  from fusegrad.tensor import _draw_keys
+  _m.update(draw_keys=lambda g, n, dev: _draw_keys(g, n, dev).node, node_slot=Tensor.node, autograd=autograd, alias=alias, dt=dt, DType=DType, jit=jit, track=track, realize=realize, dims=dims,
             template=template, gn=gn, Tensor=Tensor, node_key=_node_key, inputs_key=_inputs_key)
   _Traced = _make_traced()
   from fusegrad.nn import functional as F

@@ -77,8 +77,12 @@ def run(opt, p, grad, g: dict, state: dict, s: tuple):
   if key is None:
     _trace.off("an optimizer update whose template is not recorded yet")
     return _run(opt, p, grad, g, state, s)
-  return _trace.call("update", key, lambda p_, grad_, s_, sts_: _run(opt, p_, grad_, g, state, s_),
-                     (p, grad, tuple(s), tuple(state[k] for k in names)), {})
+  def real(p_, grad_, s_, _sts):
+    out = _run(opt, p_, grad_, g, state, s_)
+    if tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor))) != names:
+      _trace.off("an optimizer update that made new state")   # (a replay would not make it)
+    return out
+  return _trace.call("update", key, real, (p, grad, tuple(s), tuple(state[k] for k in names)), {})
 
 
 def _key(opt, p, grad, g: dict, state: dict, s: tuple) -> tuple:

@@ -1,0 +1,212 @@
+"""Checked traces (engine/trace.py): an eager step's calls recorded once and replayed without building the graph.
+
+Every test runs a training or inference loop twice, with traces off and on, from the same weights and random seed,
+and asserts the trace's results are *bitwise* those of the plain eager path (the same kernels run on the same
+values: a replay launches the plan the recording's realize made), that replays happened where the loop repeats
+(trace.stats), and that whatever the trace cannot follow (another step, a value read in the middle, an in-place
+op, a hook, a failing check) gives the eager answer too.
+"""
+from __future__ import annotations
+import numpy as np
+import pytest
+import fusegrad as fg
+import fusegrad.nn as nn
+import fusegrad.nn.functional as F
+from fusegrad.engine import trace
+from nanogpt_model import GPTConfig, build
+
+
+@pytest.fixture
+def traced(monkeypatch):
+  """Traces on for the test (each run starts without recorded traces)."""
+  def on(flag: bool):
+    monkeypatch.setattr(trace, "ENABLED", flag)
+    trace._traces.clear()
+    trace._seg[0] = None
+  yield on
+  trace._traces.clear()
+  trace._seg[0] = None
+
+
+def _stats() -> dict:
+  return dict(trace.stats)
+
+
+def _run_both(traced, make, steps: int, body):
+  """body(model, opt, i) -> list of numpy arrays, for traces off then on: (off results, on results, stats delta)."""
+  out = []
+  for flag in (False, True):
+    traced(flag)
+    fg.manual_seed(0)
+    model, opt = make()
+    before = _stats()
+    res = [body(model, opt, i) for i in range(steps)]
+    res.append([p.detach().numpy().copy() for p in model.parameters()])
+    out.append(res)
+  return out[0], out[1], {k: trace.stats[k] - before[k] for k in before}
+
+
+def _assert_same(a, b):
+  for x, y in zip(a, b):
+    for u, v in zip(x, y): np.testing.assert_array_equal(u, v)
+
+
+def _mlp(opt_cls, **kw):
+  def make():
+    m = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 5))
+    return m, opt_cls(m.parameters(), **kw)
+  return make
+
+
+@pytest.mark.parametrize("opt_cls,kw", [(fg.optim.SGD, dict(lr=0.05, momentum=0.9)), (fg.optim.Adam, dict(lr=1e-2)),
+                                        (fg.optim.AdamW, dict(lr=1e-2, weight_decay=0.1))])
+def test_training_loop_replays_bitwise(traced, rng, opt_cls, kw):
+  xs = [rng.standard_normal((8, 12), dtype=np.float32) for _ in range(3)]
+  ys = [rng.integers(0, 5, 8) for _ in range(3)]
+  def body(m, opt, i):
+    loss = F.cross_entropy(m(fg.tensor(xs[i % 3])), fg.tensor(ys[i % 3]))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return [np.float32(loss.item())]
+  off, on, d = _run_both(traced, _mlp(opt_cls, **kw), 8, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 4, d
+  assert d["deviations"] <= 2, d      # the first steps change structure (state appears), then they repeat
+
+
+def test_gpt_step_replays_bitwise(traced, rng):
+  cfg = GPTConfig(block_size=16, vocab_size=29, n_layer=1, n_head=2, n_embd=16, dropout=0.0, bias=True)
+  batches = [(rng.integers(0, 29, (2, 16)), rng.integers(0, 29, (2, 16))) for _ in range(2)]
+  def make():
+    m = build(fg)(cfg)
+    return m, m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+  def body(m, opt, i):
+    x, y = batches[i % 2]
+    _, loss = m(fg.tensor(x), fg.tensor(y))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return [np.float32(loss.item())]
+  off, on, d = _run_both(traced, make, 7, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 3, d
+
+
+def test_random_draws_in_a_replayed_step(traced, rng):
+  """A step that draws random numbers (dropout, randn_like): each replay draws new ones, as eager does."""
+  x = rng.standard_normal((6, 10), dtype=np.float32)
+  def make():
+    m = nn.Sequential(nn.Linear(10, 10), nn.Dropout(0.3), nn.Linear(10, 4))
+    return m, fg.optim.SGD(m.parameters(), lr=0.1)
+  def body(m, opt, i):
+    h = m(fg.tensor(x))
+    loss = (h + 0.1 * fg.randn_like(h)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return [np.float32(loss.item())]
+  off, on, d = _run_both(traced, make, 7, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 3, d
+  losses = [r[0] for r in on[:-1]]
+  assert len(set(losses)) == len(losses)   # new masks and noise every step
+
+
+def test_deviation_gives_eager_results(traced, rng):
+  """Steps that differ from the recorded one at various points (a batch of another size, an extra op, a value read
+  in the middle, an in-place op) deviate and give the eager answer."""
+  xs = [rng.standard_normal((8, 12), dtype=np.float32) for _ in range(2)] + [rng.standard_normal((5, 12), dtype=np.float32)]
+  def body(m, opt, i):
+    h = m(fg.tensor(xs[i % 3] if i != 5 else xs[0]))
+    if i == 4: h = h * 2                      # an extra call
+    if i == 6: h.add_(1.0)                    # an in-place op on a result
+    if i == 7: _ = float(h.sum().item())      # a value read mid-step
+    loss = h.square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return [np.float32(loss.item()), m[0].weight.grad.numpy().copy()]
+  off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.05, momentum=0.5), 10, body)
+  _assert_same(off, on)
+  assert d["deviations"] >= 2 and d["replays"] >= 1, d
+
+
+def test_results_kept_after_a_replayed_step(traced, rng):
+  """Activations and gradients kept after the step (its optimizer wrote the weights since) hold the step's values."""
+  x = rng.standard_normal((8, 12), dtype=np.float32)
+  def body(m, opt, i):
+    h = m(fg.tensor(x))
+    loss = h.square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return [h.numpy().copy(), m[2].bias.grad.numpy().copy(), (h.argmax(-1) == 1).float().mean().numpy()]
+  off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.1), 6, body)
+  # a kept activation is computed again after the step (its graph alone, not fused with the step's other kernels)
+  for x, y in zip(off, on):
+    for u, v in zip(x, y): np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+  assert d["replays"] >= 2, d
+
+
+def test_check_on_a_replayed_input_still_raises(traced, rng):
+  """A class index out of range raises in a replayed step as it does eagerly (the recorded check runs again)."""
+  traced(True)
+  m, opt = _mlp(fg.optim.SGD, lr=0.1)()
+  x = fg.tensor(rng.standard_normal((8, 12), dtype=np.float32))
+  def step(y):
+    loss = F.cross_entropy(m(x), fg.tensor(y))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+  for _ in range(4): step(rng.integers(0, 5, 8))
+  before = _stats()
+  bad = rng.integers(0, 5, 8)
+  bad[3] = 7
+  with pytest.raises(IndexError, match="out of bounds"): step(bad)
+  assert trace.stats["deviations"] - before["deviations"] == 1
+  np.testing.assert_array_equal(np.isfinite(step(rng.integers(0, 5, 8))), True)
+
+
+def test_inference_loop_replays(traced, rng):
+  xs = [rng.standard_normal((4, 12), dtype=np.float32) for _ in range(3)]
+  def body(m, opt, i):
+    with fg.no_grad():
+      out = m(fg.tensor(xs[i % 3])).softmax(-1)
+      return [out.numpy().copy(), np.int64(out.argmax(-1).sum().item())]
+  off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.1), 6, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 2, d
+
+
+def test_gradient_accumulation_is_eager(traced, rng):
+  """Two backward passes into the same .grad (accumulation): not replayed, the eager values."""
+  x = rng.standard_normal((8, 12), dtype=np.float32)
+  def body(m, opt, i):
+    opt.zero_grad()
+    for half in (x[:4], x[4:]):
+      m(fg.tensor(half)).square().mean().backward()
+    opt.step()
+    return [m[0].weight.grad.numpy().copy()]
+  off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.05), 5, body)
+  _assert_same(off, on)
+
+
+def test_two_models_alternating(traced, rng):
+  """Two models of the same structure trained alternately: a replay binds whichever model's weights the step reads."""
+  x = rng.standard_normal((8, 12), dtype=np.float32)
+  def make():
+    a, b = _mlp(fg.optim.SGD, lr=0.1)(), _mlp(fg.optim.SGD, lr=0.2)()
+    seq = nn.ModuleList([a[0], b[0]])
+    return seq, (a, b)
+  def body(ms, pairs, i):
+    m, opt = pairs[i % 2]
+    loss = m(fg.tensor(x)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return [np.float32(loss.item())]
+  off, on, d = _run_both(traced, make, 8, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 3, d
