@@ -40,7 +40,7 @@ EAGER_REPLAY = bool(_int("FUSEGRAD_EAGER_REPLAY", 1))  # 0: realize schedules st
 # 0: every backward runs its gradient rules and every library function its frontend ops (no graph templates:
 # graph/template.py, autograd.py, templates.py)
 TEMPLATES = bool(_int("FUSEGRAD_TEMPLATES", 1))
-TRACE = bool(_int("FUSEGRAD_TRACE", 0))             # 1: replay an eager step's recorded calls (engine/trace.py)
+TRACE = bool(_int("FUSEGRAD_TRACE", 1))             # 0: build every eager step's graph (no replay of its recorded calls: engine/trace.py)
 FUZZ_EXAMPLES = _int("FUSEGRAD_FUZZ_EXAMPLES", 0)       # tests/fuzz: examples per device (0: the quick default)
 BEAM = _int("FUSEGRAD_BEAM", 0)                         # >0: search each new kernel's actions with this beam width (codegen/opt/search.py)
 BEAM_BUDGET = _float("FUSEGRAD_BEAM_BUDGET", 60.0)      # seconds one kernel's search may take at most

@@ -14,6 +14,13 @@ import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as F
 from fusegrad import autograd as A, config
+from fusegrad.engine import trace
+
+
+@pytest.fixture(autouse=True)
+def _no_trace(monkeypatch):
+  """These tests count the templates' hits: a replayed step (engine/trace.py) makes none (tests/test_trace.py)."""
+  monkeypatch.setattr(trace, "ENABLED", False)
 
 
 @pytest.fixture(autouse=True)

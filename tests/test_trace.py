@@ -22,6 +22,7 @@ def traced(monkeypatch):
   def on(flag: bool):
     monkeypatch.setattr(trace, "ENABLED", flag)
     trace._traces.clear()
+    trace._dropped.clear()
     trace._seg[0] = None
   yield on
   trace._traces.clear()

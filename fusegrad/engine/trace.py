@@ -42,6 +42,8 @@ from fusegrad import config
 ENABLED = config.TRACE
 _MAX = 16                    # traces kept (least recently used out)
 _MISSES = 2                  # replays of one trace that deviate in a row before it is recorded again
+_DROPS = 3                   # traces of one start dropped so before that start is left eager
+_dropped: dict = {}          # the first event's key -> traces of it dropped
 _traces: "collections.OrderedDict[tuple, Trace]" = collections.OrderedDict()
 stats = {"replays": 0, "records": 0, "deviations": 0, "events": 0}
 why: "collections.deque[str]" = collections.deque(maxlen=32)   # the latest reasons a segment was not replayed
@@ -58,8 +60,10 @@ class Untraceable(Exception):
 
 
 def enabled() -> bool:
+  """Are calls events now? (not inside a call, on the main thread, without a capture, tracker or runtime sizes, and
+  with eager replays on: realize.no_replay() asks for the step-by-step path)"""
   return ENABLED and not _depth[0] and threading.get_ident() == _main and _m["jit"].recorder() is None and \
-    not _m["dims"].bound_any[0] and not _m["track"].wants_timing()
+    not _m["dims"].bound_any[0] and not _m["track"].wants_timing() and _m["realize"].REPLAY
 
 
 def _modes() -> tuple:
@@ -151,7 +155,13 @@ def _external(seg: Segment, t) -> tuple:
   n = t.node
   if n.buffer is not None and n.op != "CONST" and n.op != "IOTA": k, leaves = ("IN", n.dtype, n.shape, n.device), (n,)
   else:   # a lazy graph the caller built outside the trace (x.view(-1), mask == 0, a random draw): its structure
-    entries, _roots, leaves = _canon([n], {}, _EXT_NODES)
+    m = _ext_memo.get(id(n))
+    if m is not None and m[0] is n and not any(x.buffer is not None for x in m[3]):
+      entries, leaves = m[1], m[2]
+      m[4] = _ends[0]
+    else:
+      entries, _roots, leaves, inner = _canon([n], {}, _EXT_NODES)
+      _ext_memo[id(n)] = [n, entries, leaves, inner, _ends[0]]
     k = ("G", entries)
   i = len(seg.ext)
   seg.ext.append((t, n, leaves))
@@ -161,6 +171,10 @@ def _external(seg: Segment, t) -> tuple:
 
 
 _EXT_NODES = 64    # the most nodes of an external lazy graph keyed by its structure
+# id(node) -> [node, entries, leaves, its unrealized nodes, the segment count when last used]: the structure of an
+# external lazy graph that every step passes again (an optimizer's hyperparameter views), kept while steps use it
+_ext_memo: dict = {}
+_ends = [0]           # segments ended so far
 
 
 def _canon(roots: list, place: dict, limit: int = 1 << 30) -> tuple:
@@ -172,6 +186,7 @@ def _canon(roots: list, place: dict, limit: int = 1 << 30) -> tuple:
   index: dict = {}
   out: list = []
   leaves: list = []
+  inner: list = []
   for root in roots:
     stack = [(root, False)]
     while stack:
@@ -185,11 +200,13 @@ def _canon(roots: list, place: dict, limit: int = 1 << 30) -> tuple:
         stack.append((n, True))
         stack.extend((s, False) for s in reversed(n.src))
         continue
-      else: e = node_key(n) + tuple(index[id(s)] for s in n.src)
+      else:
+        e = node_key(n) + tuple(index[id(s)] for s in n.src)
+        inner.append(n)
       index[id(n)] = len(out)
       out.append(e)
       if len(out) > limit: raise Untraceable(f"an input is a lazy graph of over {limit} nodes built outside the trace")
-  return tuple(out), tuple(index[id(r)] for r in roots), tuple(leaves)
+  return tuple(out), tuple(index[id(r)] for r in roots), tuple(leaves), inner
 
 
 def _ref(seg: Segment, t) -> tuple:
@@ -450,7 +467,7 @@ def _structure(news: list, tensors: list) -> tuple:
   buffers it reads that are no argument (a random draw's keys): ((entries, roots), leaves)."""
   place: dict = {}
   for i, t in enumerate(tensors): place.setdefault(id(t.node), i)
-  entries, roots, leaves = _canon([o.node for o in news], place)
+  entries, roots, leaves, _inner = _canon([o.node for o in news], place)
   return (entries, roots), leaves
 
 
@@ -627,7 +644,9 @@ def deviate(seg: Segment, msg: str) -> None:
   tr.misses += 1
   if tr.misses >= _MISSES:   # record this start again: the program's steps changed
     for key, v in list(_traces.items()):
-      if v is tr: del _traces[key]
+      if v is tr:
+        del _traces[key]
+        _dropped[key] = _dropped.get(key, 0) + 1
   _materialize(seg, live=True)
 
 
@@ -761,7 +780,8 @@ def on_realize(tensors=None, nodes=None) -> bool:
     _end(seg)
     return False
   try:
-    idents = _targets(seg, tensors, nodes)
+    order = _targets(seg, tensors, nodes)
+    idents = tuple(sorted(order))
   except Untraceable as e:
     _leave(seg, str(e))
     _end(seg)
@@ -776,12 +796,13 @@ def on_realize(tensors=None, nodes=None) -> bool:
     _launch(seg, tr)
     _end(seg)
     return True
-  nodes_all = [seg.snodes[i[1]] if i[0] == "S" else _written(seg, i[1])[1].node for i in idents]
+  nodes_all = [seg.snodes[i[1]] if i[0] == "S" else _written(seg, i[1])[1].node for i in order]
   entry, walked = _m["realize"].realize_nodes(nodes_all)
   try:
     if not seg.events: raise Untraceable("no calls")
-    tr = _trace_of(seg, entry, walked, idents, nodes_all)
+    tr = _trace_of(seg, entry, walked, idents, order, nodes_all)
     key = seg.events[0].key
+    if _dropped.get(key, 0) >= _DROPS: raise Untraceable("its steps deviated from their traces again and again")
     _traces[key] = tr
     _traces.move_to_end(key)
     if len(_traces) > _MAX: _traces.popitem(last=False)
@@ -797,38 +818,40 @@ def _written(seg: Segment, w: int) -> tuple:
 
 
 def _targets(seg: Segment, tensors, nodes) -> tuple:
-  """The segment's targets as sorted idents: the realize's own, realize.later's, the written tensors, and the
-  gradients its backward passes left on their leaves."""
+  """The segment's targets: the realize's own, realize.later's and the tensors the segment wrote, as idents
+  ("S", slot) / ("W", write), in the order an eager realize would take them (its schedule's key depends on it)."""
   rz = _m["realize"]
-  ids = set()
+  order: list = []
   wnodes = {id(v[1].node): v[0] for v in seg.written.values()} if nodes is not None and seg.mode == REC else {}
 
   def done(n) -> bool: return n.buffer is not None or n.op in ("BUFFER", "CONST")
 
-  for t in tensors or ():
+  def tensor(t, what: str) -> None:
     k = _slot_of(seg, t)
-    if k is not None: ids.add(("S", k))
-    elif (w := seg.written.get(id(t))) is not None and w[1] is t: pass    # every written tensor is a target
-    elif t._trace is not None or not done(t.node): raise Untraceable("a realize of a tensor from outside the segment")
+    if k is not None: order.append(("S", k))
+    elif (w := seg.written.get(id(t))) is not None and w[1] is t: order.append(("W", w[0]))
+    elif t._trace is not None or not done(t.node): raise Untraceable(f"a {what} of a tensor from outside the segment")
+
+  for t in tensors or (): tensor(t, "realize")
   for n in nodes or ():
-    if done(n) or id(n) in wnodes: continue
+    if done(n): continue
+    if id(n) in wnodes:
+      order.append(("W", wnodes[id(n)]))
+      continue
     k = next((k for k, m in seg.snodes.items() if m is n), None) if seg.mode == REC else None
     if k is None: raise Untraceable("a realize of a node from outside the segment")
-    ids.add(("S", k))
-  later = [r() for r in seg.later] + [r() for r in rz._later.values()]
-  for t in later:
-    if t is None: continue
-    k = _slot_of(seg, t)
-    if k is not None: ids.add(("S", k))
-    elif (w := seg.written.get(id(t))) is not None and w[1] is t: pass
-    elif t._trace is not None or not done(t.node): raise Untraceable("a pending realize of a tensor from outside the segment")
+    order.append(("S", k))
+  for r in seg.later + list(rz._later.values()):
+    t = r()
+    if t is not None: tensor(t, "pending realize")
   rz._later.clear()
   seg.later.clear()
-  for w, _t, _k, _v in seg.written.values(): ids.add(("W", w))
-  return tuple(sorted(ids))
+  order.extend(("W", w) for w, _t, _k, _v in seg.written.values())   # (a written tensor is always a target)
+  seen: set = set()
+  return [i for i in order if not (i in seen or seen.add(i))]
 
 
-def _trace_of(seg: Segment, entry, walked: list, idents: tuple, nodes_all: list) -> Trace:
+def _trace_of(seg: Segment, entry, walked: list, idents: tuple, order: list, nodes_all: list) -> Trace:
   plan = entry.plan if entry is not None else None
   if plan is None: raise Untraceable("the realize left no plan to replay (a copy between devices, or no kernel)")
   where: dict = {}      # id(realized node) -> where a replay finds it: ("X", external place, leaf) / ("H", event, leaf)
@@ -854,7 +877,7 @@ def _trace_of(seg: Segment, entry, walked: list, idents: tuple, nodes_all: list)
       elif type(p) is tuple: raise Untraceable("a kernel with a runtime size")
   pos = {id(n): i for i, n in enumerate(walked)}
   outs = {}
-  for ident, n in zip(idents, nodes_all):
+  for ident, n in zip(order, nodes_all):
     if id(n) in where and n.buffer is not None and n.op not in ("CONST", "IOTA"): outs[ident] = ("in", where[id(n)])
     elif id(n) in pos and pos[id(n)] in outpos: outs[ident] = ("out", outpos[pos[id(n)]], n.shape, n.dtype, n.device)
     elif not n.src and n.op in ("CONST", "IOTA") and n.buffer is None: outs[ident] = ("node", n)
@@ -918,6 +941,9 @@ def _end(seg: Segment) -> None:
   """The segment is over: its results are plain tensors again; placeholders still alive stay placeholders (made on
   first use: `materialize`), so the segment keeps what making them needs, and nothing else."""
   if _seg[0] is seg: _seg[0] = None
+  _ends[0] += 1
+  if _ext_memo:   # (a graph the last two steps did not pass is not kept)
+    for key in [key for key, m in _ext_memo.items() if m[4] < _ends[0] - 2]: del _ext_memo[key]
   Tensor = _m["Tensor"]
   keep = {}
   for key, (k, w) in seg.slots.items():

@@ -114,10 +114,8 @@ class Optimizer(abc.ABC):
           for p in g["params"]:
             if p.grad is None: continue
             state = self.state.setdefault(id(p), {})
-            new, states = _updates.run(self, p, p.grad.detach(), g, state, self._scalars(p, g, state))
-            p._assign(new.to(p.dtype))
             updates.append(p)
-            updates.extend(states)
+            updates.extend(_updates.step(self, p, g, state, self._scalars(p, g, state)))
       if updates: fg.realize(*updates)
     finally:
       _trace.in_step[0] -= 1

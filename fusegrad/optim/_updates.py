@@ -64,25 +64,28 @@ def _values(d: dict, keys) -> tuple | None:
     return None
 
 
-def run(opt, p, grad, g: dict, state: dict, s: tuple):
-  """opt._update(p, grad, g, state, s), from a template where one fits; in a step the trace follows
-  (engine/trace.py), an event keyed by the template's key."""
-  if not _trace.enabled(): return _run(opt, p, grad, g, state, s)
+def step(opt, p, g: dict, state: dict, s: tuple) -> list:
+  """One parameter's update (Optimizer.step's loop body): p takes its new value in place; the state tensors to
+  realize with it. In a step the trace follows (engine/trace.py), one event keyed by the update template's key."""
   from fusegrad.tensor import Tensor
   names = tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor)))
+
+  def real(p_, grad_, _hyper, _sts):
+    new, states = _run(opt, p_, grad_.detach(), g, state, s)
+    p_._assign(new.to(p_.dtype))
+    if _trace._seg[0] is not None and tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor))) != names:
+      _trace.off("an optimizer update that made new state")   # (a replay would not make it)
+    return states
+  if not _trace.enabled(): return real(p, p.grad, None, ())
   reads = _reads_any.get((type(opt), names))     # (the inputs' structure is in the event's key already)
   gv = sv = None
   if reads is not None: gv, sv = _values(g, reads[0]), _values(state, reads[1])
-  key = None if gv is None or sv is None else (type(opt), names, gv, sv)
-  if key is None:
+  if gv is None or sv is None:
     _trace.off("an optimizer update whose template is not recorded yet")
-    return _run(opt, p, grad, g, state, s)
-  def real(p_, grad_, s_, _sts):
-    out = _run(opt, p_, grad_, g, state, s_)
-    if tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor))) != names:
-      _trace.off("an optimizer update that made new state")   # (a replay would not make it)
-    return out
-  return _trace.call("update", key, real, (p, grad, tuple(s), tuple(state[k] for k in names)), {})
+    return real(p, p.grad, None, ())
+  # the hyperparameters' views s are made once over one buffer (Optimizer._scalars): the event is keyed by it
+  hyper = state["_scalars"][0] if state.get("_scalars", (None, ()))[1] is s else tuple(s)
+  return _trace.call("update", (type(opt), names, gv, sv), real, (p, p.grad, hyper, tuple(state[k] for k in names)), {})
 
 
 def _key(opt, p, grad, g: dict, state: dict, s: tuple) -> tuple:
@@ -101,6 +104,7 @@ def _key(opt, p, grad, g: dict, state: dict, s: tuple) -> tuple:
 
 
 def _run(opt, p, grad, g: dict, state: dict, s: tuple):
+  """opt._update(p, grad, g, state, s), from a template where one fits."""
   from fusegrad.tensor import Tensor
   if not config.TEMPLATES or dims.bound_any[0] or _jit.recorder() is not None: return opt._update(p, grad, g, state, s)
   key, _names, ext, base = _key(opt, p, grad, g, state, s)
