@@ -5,8 +5,9 @@ its kernels. The same step code runs for every contender (the libraries share th
 copy in tests/nanogpt_model.py, 2 layers, d 32), a minGPT of the same size (tests/mingpt_model.py), a VAE
 784-400-20 (the PyTorch example's model and loss), an MLP, the PyTorch example's MNIST convnet (batch 8, Adadelta;
 its dropouts draw new masks every step) and torchvision's ResNet-18 (8x3x32x32). "fusegrad eager" is the plain
-Python step, as a user writes it (its graphs' schedules are reused by structure and replayed automatically,
-engine/realize.py); "eager, no replay" turns the automatic replay off
+Python step, as a user writes it (a step that repeats is replayed from a checked trace, engine/trace.py;
+otherwise its graphs' schedules are reused by structure and replayed, engine/realize.py); "eager, no trace" turns
+the traces off; "eager, no replay" turns both off
 (`realize.no_replay()`, FUSEGRAD_EAGER_REPLAY=0) to show what it buys; "fusegrad.jit" captures the step explicitly.
 
 Times are per step (forward, loss, backward, optimizer step, reading the loss as a float): each contender runs
@@ -47,6 +48,21 @@ from fusegrad.engine import realize as fg_realize  # noqa: E402
 NO_REPLAY = getattr(fg_realize, "no_replay", contextlib.nullcontext)   # (a fusegrad before the replay: the same path)
 
 
+@contextlib.contextmanager
+def NO_TRACE():
+  """Eager steps without checked traces (engine/trace.py): graphs built, schedules replayed."""
+  try:
+    from fusegrad.engine import trace
+  except ImportError:   # (a fusegrad before the traces: the same path)
+    yield
+    return
+  old, trace.ENABLED = trace.ENABLED, False
+  try:
+    yield
+  finally:
+    trace.ENABLED = old
+
+
 def load(ours, theirs) -> None:
   """Give the fusegrad model the torch model's weights."""
   ours.load_state_dict({k: fg.tensor(v.detach().numpy()) for k, v in theirs.state_dict().items()})
@@ -70,7 +86,7 @@ def contenders(build_case, rng):
   fg_batches = [tuple(fg.tensor(a) for a in b) for b in batches]
   th_update = make_step(torch, th_model, th_opt, th_loss, th_batches)
   steps = {"torch": lambda i: th_update(*th_batches[i % len(th_batches)]).item()}
-  for name in ("eager", "noreplay", "jit"):
+  for name in ("eager", "notrace", "noreplay", "jit"):
     m, o = fg_model_opt()
     load(m, th_model)
     upd = make_step(fg, m, o, fg_loss, fg_batches)
@@ -78,6 +94,9 @@ def contenders(build_case, rng):
     if name == "noreplay":
       def step(i, upd=upd):
         with NO_REPLAY(): return upd(*fg_batches[i % len(fg_batches)]).item()
+    elif name == "notrace":
+      def step(i, upd=upd):
+        with NO_TRACE(): return upd(*fg_batches[i % len(fg_batches)]).item()
     else:
       def step(i, upd=upd): return upd(*fg_batches[i % len(fg_batches)]).item()
     steps[name] = step
@@ -324,15 +343,15 @@ def main() -> None:
   commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
   print(f"# bench_eager: {describe()}, torch {torch.__version__} ({torch.get_num_threads()} threads), fusegrad {commit}, "
         f"{ARGS.rounds} rounds x {ARGS.steps} steps{', gc.freeze()' if ARGS.gc_freeze else ''}, {datetime.datetime.now():%Y-%m-%d %H:%M}")
-  print("| case | torch ms | fusegrad eager ms | eager, no replay ms | fusegrad.jit ms | eager vs torch | "
-        "no replay vs torch | jit vs torch | eager / jit time | loss torch / eager / jit |")
-  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+  print("| case | torch ms | fusegrad eager ms | eager, no trace ms | eager, no replay ms | fusegrad.jit ms | "
+        "eager vs torch | no trace vs torch | jit vs torch | eager / jit time | loss torch / eager / jit |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
   for key, (name, case) in CASES.items():
     if ARGS.only and not (key == ARGS.only if ARGS.only in CASES else ARGS.only in key): continue
     t, loss = measure(contenders(case, rng), ARGS.steps, ARGS.rounds)
     ms = {k: v * 1e3 for k, v in t.items()}
-    print(f"| {name} | {ms['torch']:.2f} | {ms['eager']:.2f} | {ms['noreplay']:.2f} | {ms['jit']:.2f} | "
-          f"{t['torch'] / t['eager']:.2f}x | {t['torch'] / t['noreplay']:.2f}x | {t['torch'] / t['jit']:.2f}x | "
+    print(f"| {name} | {ms['torch']:.2f} | {ms['eager']:.2f} | {ms['notrace']:.2f} | {ms['noreplay']:.2f} | "
+          f"{ms['jit']:.2f} | {t['torch'] / t['eager']:.2f}x | {t['torch'] / t['notrace']:.2f}x | {t['torch'] / t['jit']:.2f}x | "
           f"{t['eager'] / t['jit']:.2f} | {loss['torch']:.4f} / {loss['eager']:.4f} / {loss['jit']:.4f} |", flush=True)
 
 

@@ -118,7 +118,7 @@ class _PH:
 class Segment:
   """The calls since the last realize: recording (REC), replaying a trace (REP) or eager (OFF)."""
   __slots__ = ("mode", "trace", "pos", "events", "done", "slots", "nslot", "ext", "ext_first", "t_first", "written",
-               "snodes", "views", "later", "hleaves", "__weakref__")
+               "snodes", "views", "later", "hleaves", "hidden", "made", "viewers", "__weakref__")
 
   def __init__(self):
     self.mode, self.trace, self.pos = REC, None, 0
@@ -134,6 +134,9 @@ class Segment:
     self.views: list = []      # (replaying) weakrefs to placeholders that view an external's storage
     self.later: list = []      # (replaying) weakrefs to results a backward asked to realize with the next realize
     self.hleaves: list = []    # (recording) (event index, buffers a call reading the host read that are no argument)
+    self.hidden: dict = {}     # (replaying) id(tensor) -> (tensor, its node): written tensors hidden until the realize
+    self.made: dict = {}       # (replaying) slot -> weakref to the placeholder made for it
+    self.viewers: dict = {}    # (replaying) slot -> weakrefs to placeholders that view its storage
 
 
 # ---- keys ----------------------------------------------------------------------------------------------------------
@@ -407,7 +410,8 @@ def _record(seg, key, kind, real, args, kwargs, tensors, spec):
     ev.host = jit.host_reads[0] != reads
     outs: list = []
     form = _form(out, outs)
-    writes = [(t, r) for t, r, n in writes if n.seq < start]    # (a tensor the call made and wrote is its own affair)
+    if any(g for t, r, n, g in writes if n.seq < start): raise Untraceable("a call wrote a tensor with grad mode on")
+    writes = [(t, r) for t, r, n, g in writes if n.seq < start]    # (a tensor the call made and wrote is its own affair)
     wrote = {id(t) for t, _r in writes}
     for t, b in zip(tensors, before):
       if t.node is not b and id(t) not in wrote: raise Untraceable("a call changed an input other than by a write")
@@ -425,7 +429,7 @@ def _record(seg, key, kind, real, args, kwargs, tensors, spec):
     ev_writes = []
     for t, r in writes:
       j = next((j for j, x in enumerate(tensors) if x is t), None)
-      if j is None or type(r) is not Tensor or not _pending_ok(seg, t):
+      if j is None or type(r) is not Tensor or not _pending_ok(seg, t, True):
         raise Untraceable("a call wrote a tensor the trace does not follow")
       ev_writes.append((j, r))
     if ev.host:
@@ -437,7 +441,7 @@ def _record(seg, key, kind, real, args, kwargs, tensors, spec):
       k = _new_slot(seg, o)
       seg.snodes[k] = o.node
       o.__class__ = _Traced
-      slots.append((k, _meta(o), _views_external(seg, o)))
+      slots.append((k, _meta(o), _views_external(seg, o), _viewed_slot(seg, o)))
     ev.news = tuple(slots)
     ev.form = (form, tuple(refs))
     ws = []
@@ -451,6 +455,14 @@ def _record(seg, key, kind, real, args, kwargs, tensors, spec):
   except Untraceable as e:
     _leave(seg, str(e))
   return out
+
+
+def _viewed_slot(seg: Segment, o):
+  """The slot of the segment's result whose storage o views, or None."""
+  a = o._alias
+  if a is None or type(a[1]) is not tuple or not a[1]: return None
+  base = a[0].ref()
+  return None if base is None else _slot_of(seg, base)
 
 
 def _views_external(seg: Segment, o) -> bool:
@@ -497,10 +509,10 @@ def _replay(seg, key, real, args, kwargs, tensors):
       return out
     seg.pos += 1
     seg.done.append([ev, tensors, news, leaves])
-    for o, (k, _meta_, _v) in zip(news, ev.news): _adopt_slot(seg, o, k)
+    for o, (k, *_x) in zip(news, ev.news): _adopt_slot(seg, o, k)
     return out
   for j, _k, _meta_ in ev.writes:
-    if not _pending_ok(seg, tensors[j]):
+    if not _pending_ok(seg, tensors[j], True):
       deviate(seg, "a write the trace does not follow")
       return _run(real, args, kwargs)
   for fn, j, cargs in ev.checks:
@@ -519,42 +531,56 @@ def _replay(seg, key, real, args, kwargs, tensors):
       _depth[0] -= 1
   seg.pos += 1
   seg.done.append([ev, tensors, real, leaves])
-  news = [_placeholder(seg, k, meta, view) for k, meta, view in ev.news]
+  news = [_placeholder(seg, k, meta, view, base) for k, meta, view, base in ev.news]
   outs = [tensors[r[1]] if r[0] == "arg" else news[r[1]] for r in refs]
-  for j, k, meta in ev.writes: _note_write(seg, tensors[j], k, _placeholder(seg, k, meta, False))
+  for j, k, meta in ev.writes:
+    t = tensors[j]
+    _note_write(seg, t, k, _placeholder(seg, k, meta, False))
+    if not in_step[0]: _hide(seg, t, t)
   return _unform(form, outs)
 
 
-def _placeholder(seg: Segment, k: int, meta, view: bool):
+def _placeholder(seg: Segment, k: int, meta, view: bool, base=None):
   t = _Traced.__new__(_Traced)    # node, _ctx and _alias unset: whatever reads them makes the tensor (materialize)
   t.grad = None
   t.requires_grad = meta[4]
   t._trace = _PH(seg, k, meta)
-  seg.slots[id(t)] = (k, weakref.ref(t))
-  if view: seg.views.append(weakref.ref(t))
+  w = weakref.ref(t)
+  seg.slots[id(t)] = (k, w)
+  seg.made[k] = w
+  if view: seg.views.append(w)
+  if base is not None: seg.viewers.setdefault(base, []).append(w)
   return t
 
 
 # ---- writes (alias.write asks first) -------------------------------------------------------------------------------
 
 def on_write(t, r) -> bool:
-  """alias.write(t, r) is about to run: True when the trace holds it pending (a replay) instead."""
+  """alias.write(t, r) is about to run: True when the trace holds it pending (a replay) instead, or drops it (a call
+  made again after its step, whose writes were made then)."""
+  if _late[0]: return True
   seg = _seg[0]
   if seg is None or threading.get_ident() != _main: return False
   if _depth[0]:
-    if _writes_in_call: _writes_in_call[-1].append((t, r, t.node))
+    if _writes_in_call: _writes_in_call[-1].append((t, r, t.node, _m["autograd"].grad_enabled()))
     elif seg.mode == REC: _leave(seg, "a write inside a call")
     return False
   if seg.mode == OFF: return False
-  k = _slot_of(seg, r)
-  if k is None or not _pending_ok(seg, t):
+  kt = _slot_of(seg, t)
+  if kt is not None: return _rebind(seg, t, r, kt)
+  n = r.node if r._trace is None else None
+  if n is not None and n.op == "CONST" and not n.src and n.buffer is None and type(t) is _m["Tensor"] and \
+     id(t) not in seg.written and not _m["autograd"].grad_enabled():
+    return _const_write(seg, t, r)
+  if not _pending_ok(seg, t, False):
     _leave(seg, "a write the trace does not follow")
     return False
-  try:
-    key = ("write", _ref(seg, t), k, _modes())
+  try:   # the value: a result of the segment, or a graph the caller built (`n += 1` on a module's counter)
+    key = ("write", _ref(seg, t), _ref(seg, r), _modes())
   except Untraceable as e:
     _leave(seg, str(e))
     return False
+  k = key[2][1] if key[2][0] == "S" else None
   if seg.mode == REC:
     seg.events.append(_Event(key, "write", None))
     _note_write(seg, t, k, r)
@@ -566,15 +592,73 @@ def on_write(t, r) -> bool:
   seg.done.append([tr.events[seg.pos], [t, r], None, ()])
   seg.pos += 1
   _note_write(seg, t, k, r)
+  if not in_step[0]: _hide(seg, t, r)
   return True
 
 
-def _pending_ok(seg: Segment, t) -> bool:
-  """Writes the trace follows: an optimizer's, without grad mode, into a tensor not written yet in the segment that
-  is neither a view (its own views are updated when the write is made) nor a result of the segment."""
-  if not in_step[0] or _m["autograd"].grad_enabled() or id(t) in seg.written or _slot_of(seg, t) is not None or \
-     t._trace is not None:
+def _const_write(seg: Segment, t, r) -> bool:
+  """A constant written into a plain tensor (a batch norm's `num_batches_tracked += 1`, folded on the host): made now,
+  in a replay too, whatever the value; a later call that reads the tensor keys it by its new value."""
+  key = ("cwrite", t.dtype, t.shape, r.dtype, r.shape, _modes())
+  if seg.mode == REC:
+    seg.events.append(_Event(key, "cwrite", None))
     return False
+  tr = seg.trace
+  if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key:
+    deviate(seg, "another write than the recorded one")
+    return False
+  seg.done.append([tr.events[seg.pos], [t, r], None, ()])
+  seg.pos += 1
+  return False
+
+
+def _rebind(seg: Segment, t, r, kt: int) -> bool:
+  """An in-place op on a result of the segment (`out += identity`): t stands for the op's result from now on."""
+  k = _slot_of(seg, r)
+  if k is None:
+    _leave(seg, "an in-place op with a value from outside the segment")
+    return False
+  key = ("rebind", kt, k, _modes())
+  if seg.mode == REC:
+    a = t._alias
+    if a is not None and (type(a[1]) is not tuple or a[1] or _m["alias"]._members(a[0], t)):
+      _leave(seg, "an in-place op on a result that is viewed")
+      return False
+    seg.events.append(_Event(key, "rebind", None))
+    seg.slots[id(t)] = (k, weakref.ref(t))
+    return False      # (the write is made: t's value and recipe are r's)
+  tr = seg.trace
+  if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key or \
+     any(w() is not None for w in seg.viewers.get(kt, ())):
+    deviate(seg, "another in-place op than the recorded one")
+    return False
+  seg.done.append([tr.events[seg.pos], [t, r], None, ()])
+  seg.pos += 1
+  ph = r._trace
+  t._trace = _PH(seg, k, (ph.shape, ph.dtype, ph.device, ph.leaf) if ph is not None else _meta(r))
+  t.requires_grad = r.requires_grad
+  seg.slots[id(t)] = (k, weakref.ref(t))
+  return True
+
+
+def _hide(seg: Segment, t, value) -> None:
+  """A plain tensor a replay wrote outside an optimizer step (a module's buffer): it has no node until the realize
+  gives it its new value, so that reading it in between makes the segment's tensors first (`materialize`)."""
+  meta = (value.shape, value.dtype, value.device, True, False)
+  seg.hidden[id(t)] = (t, t.node)
+  _m["node_slot"].__delete__(t)
+  t._trace = _PH(seg, -1, meta)
+  t.__class__ = _Traced
+
+
+def _pending_ok(seg: Segment, t, in_call: bool) -> bool:
+  """Writes the trace follows, into a tensor not written yet in the segment that is neither a view (its own views are
+  updated when the write is made) nor a result of the segment: an optimizer's (in its step, without grad mode), and a
+  call's into a plain tensor it was given (batch norm's running statistics: without grad mode, checked where it is
+  recorded), which a replay hides until its realize."""
+  if id(t) in seg.written or _slot_of(seg, t) is not None or t._trace is not None: return False
+  if not in_call and _m["autograd"].grad_enabled(): return False
+  if not in_step[0] and type(t) is not _m["Tensor"]: return False
   a = t._alias
   if a is not None and (type(a[1]) is not tuple or a[1]): return False
   if seg.mode == REP:
@@ -640,6 +724,7 @@ def deviate(seg: Segment, msg: str) -> None:
   stats["deviations"] += 1
   _why(f"deviated at event {seg.pos}: {msg}")
   seg.mode = OFF
+  _unhide(seg)
   tr = seg.trace
   tr.misses += 1
   if tr.misses >= _MISSES:   # record this start again: the program's steps changed
@@ -650,12 +735,24 @@ def deviate(seg: Segment, msg: str) -> None:
   _materialize(seg, live=True)
 
 
+def _unhide(seg: Segment) -> None:
+  """The written tensors a replay hid get their nodes back (the write is then made for real, or by the realize)."""
+  for t, n in seg.hidden.values():
+    t.node = n
+    t._trace = None
+    t.__class__ = _m["Tensor"]
+  seg.hidden.clear()
+
+
+_late = [False]    # a segment's calls are being made again after it: their writes were made then
+
+
 def _materialize(seg: Segment, live: bool) -> None:
   """Run the replayed events again for real. live: inside the segment (writes and backward too, external inputs as
   they are); otherwise after it (calls only, external inputs as they were at the call)."""
   autograd, alias, Tensor = _m["autograd"], _m["alias"], _m["Tensor"]
   real: dict = {}        # slot -> its real tensor
-  phs = {v[0]: v[1] for v in seg.slots.values()}
+  phs = seg.made
   at_call: dict = {}
   for t, n, _b in seg.ext: at_call.setdefault(id(t), n)
 
@@ -678,11 +775,15 @@ def _materialize(seg: Segment, live: bool) -> None:
     return w
 
   def _rerun(ev, tensors, extra):
+    if ev.kind == "rebind":
+      if live: alias.write(real[ev.key[1]], real[ev.key[2]])
+      return
+    if ev.kind == "cwrite": return   # (made when it was met)
     if ev.kind == "write":
       if live:
-        t = tensors[0]
+        t, r = tensors
         del seg.written[id(t)]
-        alias.write(t, real[ev.key[2]])
+        alias.write(t, real[ev.key[2][1]] if ev.key[2][0] == "S" else r)
       return
     if ev.kind == "backward":
       if not live:   # after the step: the gradients of the values the calls read, through the calls made again
@@ -704,9 +805,9 @@ def _materialize(seg: Segment, live: bool) -> None:
         real[k] = leaf.grad
       return
     if ev.host:          # it ran for real in the replay
-      for o, (k, _m_, _v) in zip(extra, ev.news): real[k] = o
+      for o, (k, *_x) in zip(extra, ev.news): real[k] = o
       return
-    if ev.writes and not live: return   # (an optimizer's update: its results are no one's after the step)
+    if ev.kind == "update" and not live: return   # (an optimizer's update: its results are no one's after the step)
     if not live and any(r[0] == "S" and r[1] not in real for r in ev.key[3]): return   # (reads one of those)
     xs = [arg(r, t) for r, t in zip(ev.key[3], tensors)]
     spec = ev.spec
@@ -729,6 +830,7 @@ def _materialize(seg: Segment, live: bool) -> None:
       real[k] = p if p is not None else Tensor(_node=t.node)
 
   _depth[0] += 1
+  _late[0] = not live
   try:
     for ev, tensors, extra, leaves in seg.done:
       _given_keys[:] = [(g, n, dev, keys) for (g, n, dev), keys in zip(ev.draws, leaves)] if ev.draws else []
@@ -736,6 +838,7 @@ def _materialize(seg: Segment, live: bool) -> None:
         _rerun(ev, tensors, extra)
   finally:
     _depth[0] -= 1
+    _late[0] = False
     _given_keys.clear()
   seg.views.clear()
   if not live: _forget(seg)
@@ -892,7 +995,9 @@ def _launch(seg: Segment, tr: Trace) -> None:
   for pos, s in tr.stands: nodes[pos] = s
   made = tr.plan.launch(nodes)
   stats["replays"] += 1
-  phs = {v[0]: v[1] for v in seg.slots.values()}
+  _unhide(seg)
+  phs: dict = {}   # slot -> the tensors that stand for it now (an in-place op makes a tensor stand for its result)
+  for k, w in seg.slots.values(): phs.setdefault(k, []).append(w)
   freed = any(d[0].kind == "backward" and not d[0].key[2] for d in seg.done)
   _depth[0] += 1     # (the writes below are the step's own, made now)
   try:
@@ -914,9 +1019,9 @@ def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict, freed: bool) -> No
     elif how[0] == "in": node = _source(seg, how[1])
     else: node = how[1]
     if ident[0] == "S":
-      w = phs.get(ident[1])
-      p = w() if w is not None else None
-      if p is not None and p._trace is not None: _bind(p, node, freed)
+      for w in phs.get(ident[1], ()):
+        p = w()
+        if p is not None and p._trace is not None: _bind(p, node, freed)
     else:
       _w, t, _k, value = _written(seg, ident[1])
       with autograd.no_grad(): alias.write(t, Tensor(_node=node))
@@ -941,6 +1046,7 @@ def _end(seg: Segment) -> None:
   """The segment is over: its results are plain tensors again; placeholders still alive stay placeholders (made on
   first use: `materialize`), so the segment keeps what making them needs, and nothing else."""
   if _seg[0] is seg: _seg[0] = None
+  _unhide(seg)
   _ends[0] += 1
   if _ext_memo:   # (a graph the last two steps did not pass is not kept)
     for key in [key for key, m in _ext_memo.items() if m[4] < _ends[0] - 2]: del _ext_memo[key]
@@ -1024,6 +1130,14 @@ def _make_traced():
     def is_leaf(self):
       ph = self._trace
       return ph.leaf if ph is not None else self._ctx is None
+
+    def _assign(self, r):
+      ph = self._trace
+      if ph is None or _seg[0] is not ph.seg: return Tensor._assign(self, r)
+      if self.requires_grad and ph.leaf and _m["autograd"].grad_enabled():
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+      _m["alias"].write(self, r)    # (the trace follows it, or makes the segment's tensors first)
+      return self
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
       if gradient is None and not create_graph and inputs is None and enabled() and \
