@@ -211,3 +211,59 @@ def test_two_models_alternating(traced, rng):
   off, on, d = _run_both(traced, make, 8, body)
   _assert_same(off, on)
   assert d["replays"] >= 3, d
+
+
+class _Block(nn.Module):
+  """torchvision's BasicBlock pattern: batch norms (running statistics written in the forward), an in-place ReLU and
+  an in-place residual add on the step's results."""
+  def __init__(self, momentum=0.1):
+    super().__init__()
+    self.conv1, self.bn1 = nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4, momentum=momentum)
+    self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4, momentum=momentum)
+    self.relu = nn.ReLU(inplace=True)
+    self.fc = nn.Linear(4, 3)
+
+  def forward(self, x):
+    out = self.relu(self.bn1(self.conv1(x)))
+    identity = out
+    out = self.bn2(self.conv2(out))
+    out += identity
+    return self.fc(self.relu(out).mean((2, 3)))
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_batch_norm_block_replays_bitwise(traced, rng, momentum):
+  xs = [rng.standard_normal((2, 3, 6, 6), dtype=np.float32) for _ in range(2)]
+  ys = [rng.integers(0, 3, 2) for _ in range(2)]
+  def make():
+    m = _Block(momentum)
+    return m, fg.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+  def body(m, opt, i):
+    loss = F.cross_entropy(m(fg.tensor(xs[i % 2])), fg.tensor(ys[i % 2]))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i == 6: _ = m.bn1.running_mean.numpy()     # a written statistic read mid-loop (after the step: realized)
+    return [np.float32(loss.item())] + [v.numpy().copy() for v in m.state_dict().values()]
+  off, on, d = _run_both(traced, make, 8, body)
+  _assert_same(off, on)
+  if momentum is not None: assert d["replays"] >= 3, d
+
+
+def test_statistic_read_inside_a_replayed_step(traced, rng):
+  """A running statistic read between the forward and the backward of a replayed step: the replay deviates and the
+  value read is the one eager computes."""
+  x = rng.standard_normal((2, 3, 6, 6), dtype=np.float32)
+  def make():
+    m = _Block()
+    return m, fg.optim.SGD(m.parameters(), lr=0.05)
+  def body(m, opt, i):
+    loss = m(fg.tensor(x)).square().mean()
+    seen = m.bn2.running_var.numpy().copy() if i == 5 else np.zeros(4, np.float32)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return [np.float32(loss.item()), seen]
+  off, on, d = _run_both(traced, make, 7, body)
+  _assert_same(off, on)
+  assert d["deviations"] >= 1 and d["replays"] >= 2, d
