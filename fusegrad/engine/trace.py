@@ -896,6 +896,8 @@ def on_realize(tensors=None, nodes=None) -> bool:
       _end(seg)
       return False
     tr.misses = 0
+    _m["realize"]._later.clear()
+    seg.later.clear()
     _launch(seg, tr)
     _end(seg)
     return True
@@ -944,11 +946,9 @@ def _targets(seg: Segment, tensors, nodes) -> tuple:
     k = next((k for k, m in seg.snodes.items() if m is n), None) if seg.mode == REC else None
     if k is None: raise Untraceable("a realize of a node from outside the segment")
     order.append(("S", k))
-  for r in seg.later + list(rz._later.values()):
+  for r in seg.later + list(rz._later.values()):   # (left there: a realize the replay leaves to eager takes them)
     t = r()
     if t is not None: tensor(t, "pending realize")
-  rz._later.clear()
-  seg.later.clear()
   order.extend(("W", w) for w, _t, _k, _v in seg.written.values())   # (a written tensor is always a target)
   seen: set = set()
   return [i for i in order if not (i in seen or seen.add(i))]
