@@ -566,6 +566,9 @@ def on_write(t, r) -> bool:
     elif seg.mode == REC: _leave(seg, "a write inside a call")
     return False
   if seg.mode == OFF: return False
+  if not enabled():    # (a capture or a tracker began inside the segment)
+    _leave(seg, "a write while traces are off")
+    return False
   kt = _slot_of(seg, t)
   if kt is not None: return _rebind(seg, t, r, kt)
   n = r.node if r._trace is None else None
