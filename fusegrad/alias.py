@@ -200,6 +200,24 @@ def write(t, r) -> None:
     for m in members: m.node = _apply_nodes(base_new.node, m._alias[1])
 
 
+def write_node(t, node) -> None:
+  """write(t, a tensor of node) without autograd, as an optimizer's write is made (a replayed step's,
+  engine/trace.py): the common case (nobody views t) without write's general path."""
+  a = t._alias
+  if a is not None and (type(a[1]) is not tuple or a[1] or _members(a[0], t)):
+    from fusegrad.tensor import Tensor
+    with autograd.no_grad(): write(t, Tensor(_node=node))
+    return
+  if a is None: st = storage_of(t)
+  else: st = a[0]
+  _jit.note_rebind(t)
+  s = next(autograd._seq)
+  st.version += 1
+  st.writes.append(s)
+  if len(st.writes) > _KEEP_WRITES: del st.writes[:-_KEEP_WRITES]
+  st.node = t.node = node
+
+
 def set_node(t, node) -> None:
   """Give t a new value without autograd (a captured step's replay, loading a state dict): its views follow."""
   a = t._alias

@@ -67,7 +67,7 @@ def enabled() -> bool:
 
 
 def _modes() -> tuple:
-  return (_m["autograd"].grad_enabled(), _m["dt"].default_float)
+  return (getattr(_m["grad_state"], "enabled", True), _m["dt"].default_float)
 
 
 def _why(msg: str) -> None:
@@ -245,6 +245,23 @@ def _spec(a, tensors: list):
   raise Untraceable(f"an argument of type {t.__name__}")
 
 
+_PLAIN = (type(None), str, bool, int)
+
+
+def _spec_call(args: tuple, kwargs: dict, tensors: list) -> tuple:
+  """_spec((args, kwargs)) without the recursion for the usual flat arguments (tensors and plain values)."""
+  Tensor = _m["Tensor"]
+  out = ["tuple"]
+  for a in args:
+    t = type(a)
+    if t in _PLAIN: out.append((t, a))
+    elif isinstance(a, Tensor):
+      tensors.append(a)
+      out.append(("tensor", len(tensors) - 1))
+    else: out.append(_spec(a, tensors))
+  return ("tuple", tuple(out), _spec(kwargs, tensors) if kwargs else ("dict",))
+
+
 def _rebuild(spec, tensors: list):
   if isinstance(spec, _m["DType"]): return spec
   t = spec[0]
@@ -304,7 +321,7 @@ def call(kind: str, fn, real, args: tuple, kwargs: dict):
   if seg.mode == OFF: return _run(real, args, kwargs)
   try:
     tensors: list = []
-    spec = _spec((args, kwargs), tensors)
+    spec = _spec_call(args, kwargs, tensors)
     key = (kind, fn, spec, tuple(_ref(seg, t) for t in tensors), _modes())
   except Untraceable as e:
     _leave(seg, str(e))
@@ -1016,7 +1033,8 @@ def _source(seg: Segment, src: tuple):
 
 
 def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict, freed: bool) -> None:
-  alias, autograd, gn, Tensor = _m["alias"], _m["autograd"], _m["gn"], _m["Tensor"]
+  alias, gn = _m["alias"], _m["gn"]
+  written = {v[0]: v for v in seg.written.values()}
   for ident, how in tr.outs.items():
     if how[0] == "out": node = gn.buffer_node(made[how[1]], how[3], how[2], how[4])
     elif how[0] == "in": node = _source(seg, how[1])
@@ -1026,8 +1044,8 @@ def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict, freed: bool) -> No
         p = w()
         if p is not None and p._trace is not None: _bind(p, node, freed)
     else:
-      _w, t, _k, value = _written(seg, ident[1])
-      with autograd.no_grad(): alias.write(t, Tensor(_node=node))
+      _w, t, _k, value = written[ident[1]]
+      alias.write_node(t, node)
       if value._trace is not None: _bind(value, node, freed)
 
 
@@ -1197,7 +1215,7 @@ def install() -> None:
   from fusegrad.tensor import Tensor
   from fusegrad.templates import _node_key, _inputs_key
   from fusegrad.tensor import _draw_keys
-  _m.update(draw_keys=lambda g, n, dev: _draw_keys(g, n, dev).node, node_slot=Tensor.node, autograd=autograd, alias=alias, dt=dt, DType=DType, jit=jit, track=track, realize=realize, dims=dims,
+  _m.update(grad_state=autograd._state, draw_keys=lambda g, n, dev: _draw_keys(g, n, dev).node, node_slot=Tensor.node, autograd=autograd, alias=alias, dt=dt, DType=DType, jit=jit, track=track, realize=realize, dims=dims,
             template=template, gn=gn, Tensor=Tensor, node_key=_node_key, inputs_key=_inputs_key)
   _Traced = _make_traced()
   from fusegrad.nn import functional as F
