@@ -9,28 +9,31 @@ A *segment* is the work between two realizes (a training step: forward, backward
 the optimizer's realize). While recording, each top-level frontend call (a Tensor method on a segment's result, a
 `nn.functional` function, `backward`, an optimizer's per-parameter update) runs for real and is appended to the
 segment as an event: its key (the function, every plain argument by value, each tensor argument as a result of an
-earlier event or as an external input by structure: a realized buffer's dtype/shape/device, a constant's value, a
-view over one; which externals are the same tensor or node; the grad mode and default dtype), and what it made. At
-the realize that ends the segment, the segment's targets (what the realize was asked for, `realize.later`'s tensors,
-the externals the step wrote: parameters and optimizer state) are realized together, and the realize's cached plan
-(engine/realize.Plan) is kept with where each of its inputs comes from (an external of the segment by place).
+earlier event or as an external input by structure: a realized buffer's dtype/shape/device, a lazy graph the caller
+built by its structure and realized leaves; which externals are the same tensor or node; the grad mode and default
+dtype), and what it made. At the realize that ends the segment, the segment's targets (what the realize was asked
+for, `realize.later`'s tensors, the tensors the step wrote: parameters, optimizer state, batch norm's statistics)
+are realized together, and the realize's cached plan (engine/realize.Plan) is kept with where each of its inputs
+comes from (an external's leaf by place, a random draw's keys by event, or a buffer a call read on its own).
 
 When a later segment's first call has the key of a recorded trace, the segment *replays*: each call is compared
 with the next recorded event and, when equal, returns placeholders (Tensors of class `_Traced` carrying their shape,
-dtype and device but no node) without running the frontend; `backward` sets the leaves' `.grad` to placeholders; an
-optimizer's writes into parameters and state are held pending. The realize then checks its targets against the
+dtype and device but no node) without running the frontend; `backward` sets the leaves' `.grad` to placeholders;
+writes are held pending (a written module buffer is hidden until the realize); random draws draw new keys; in-place
+ops on results rebind them. The realize then checks its targets against the
 recorded ones, launches the plan on the externals' current buffers, and gives each target its result. The first
 thing that differs — another call, another argument, a value read on the host, an op the trace does not follow,
 anything that needs a placeholder's node — *deviates*: the segment's events so far are run again for real, in order,
 each placeholder adopting the real tensor it stands for, and the segment continues eagerly (nothing is lost but
 time). A placeholder still alive after its segment (an activation the caller kept) is made the same way when first
-used. Calls that read values on the host (an index range check) run for real in a replay too, and their graph is
-compared with the recorded one.
+used. A check of an input's values (`@check`: class indices in range) runs again in a replay; any other call that
+reads values on the host runs for real in a replay too, and the graph it made is compared with the recorded one.
 
-What keeps it safe: only calls the trace knows are pure are replayed; writes are followed only where an optimizer
-writes (no grad mode, a parameter or state tensor not viewed); a realize inside a call, an op on an external
-tensor's lazy graph built outside the trace, hooks, runtime sizes, captures (`fusegrad.jit`), other threads and
-timing (`fusegrad.track`) leave the segment eager. FUSEGRAD_TRACE=0 turns traces off.
+What keeps it safe: only calls the trace knows are pure are replayed; writes are followed only without grad mode,
+into tensors nobody views (an optimizer's step, a module's buffer written in its forward); a realize inside a call,
+an argument that is not a tensor or plain value, a lazy input of over 64 nodes built outside the trace, writes
+through views, gradient accumulation, runtime sizes, captures (`fusegrad.jit`), other threads and timing
+(`fusegrad.track`) leave the segment eager. docs/architecture.md "Checked traces"; FUSEGRAD_TRACE=0 turns it off.
 """
 from __future__ import annotations
 import collections
