@@ -267,3 +267,20 @@ def test_statistic_read_inside_a_replayed_step(traced, rng):
   off, on, d = _run_both(traced, make, 7, body)
   _assert_same(off, on)
   assert d["deviations"] >= 1 and d["replays"] >= 2, d
+
+
+def test_gradient_clipping_replays_bitwise(traced, rng):
+  """nanoGPT's loop clips the gradients' norm in place before the step (clip_grad_norm_: norms stacked, each
+  gradient scaled in place): followed, bitwise the eager values."""
+  xs = [rng.standard_normal((8, 12), dtype=np.float32) for _ in range(2)]
+  ys = [rng.integers(0, 5, 8) for _ in range(2)]
+  def body(m, opt, i):
+    loss = F.cross_entropy(m(fg.tensor(xs[i % 2])), fg.tensor(ys[i % 2]))
+    opt.zero_grad()
+    loss.backward()
+    norm = fg.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+    opt.step()
+    return [np.float32(loss.item()), norm.numpy(), m[0].weight.grad.numpy().copy()]
+  off, on, d = _run_both(traced, _mlp(fg.optim.AdamW, lr=1e-2), 8, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 4, d

@@ -121,7 +121,7 @@ class _PH:
 class Segment:
   """The calls since the last realize: recording (REC), replaying a trace (REP) or eager (OFF)."""
   __slots__ = ("mode", "trace", "pos", "events", "done", "slots", "nslot", "ext", "ext_first", "t_first", "written",
-               "snodes", "views", "later", "hleaves", "hidden", "made", "viewers", "__weakref__")
+               "snodes", "views", "later", "hleaves", "hidden", "made", "viewers", "base_of", "__weakref__")
 
   def __init__(self):
     self.mode, self.trace, self.pos = REC, None, 0
@@ -140,6 +140,7 @@ class Segment:
     self.hidden: dict = {}     # (replaying) id(tensor) -> (tensor, its node): written tensors hidden until the realize
     self.made: dict = {}       # (replaying) slot -> weakref to the placeholder made for it
     self.viewers: dict = {}    # (replaying) slot -> weakrefs to placeholders that view its storage
+    self.base_of: dict = {}    # (replaying) slot -> the slot whose storage it views
 
 
 # ---- keys ----------------------------------------------------------------------------------------------------------
@@ -322,12 +323,15 @@ def call(kind: str, fn, real, args: tuple, kwargs: dict):
   (with every argument: real must be a function of them, the grad mode and the default dtype alone)."""
   seg = _current()
   if seg.mode == OFF: return _run(real, args, kwargs)
+  tensors: list = []
   try:
-    tensors: list = []
     spec = _spec_call(args, kwargs, tensors)
     key = (kind, fn, spec, tuple(_ref(seg, t) for t in tensors), _modes())
   except Untraceable as e:
-    _leave(seg, str(e))
+    # a call on none of the segment's tensors is no concern of the trace (fusegrad.tensor(an array)): it runs as
+    # eager code between events does; one on them leaves the segment eager
+    if any(_slot_of(seg, t) is not None or t._trace is not None or id(t) in seg.written for t in tensors):
+      _leave(seg, str(e))
     return _run(real, args, kwargs)
   stats["events"] += 1
   if seg.mode == REC and not seg.events:
@@ -569,8 +573,13 @@ def _placeholder(seg: Segment, k: int, meta, view: bool, base=None):
   seg.slots[id(t)] = (k, w)
   seg.made[k] = w
   if view: seg.views.append(w)
-  if base is not None: seg.viewers.setdefault(base, []).append(w)
+  if base is not None:
+    seg.viewers.setdefault(base, []).append(w)
+    seg.base_of[k] = base
   return t
+
+
+def _dead(): return None
 
 
 # ---- writes (alias.write asks first) -------------------------------------------------------------------------------
@@ -643,16 +652,20 @@ def _rebind(seg: Segment, t, r, kt: int) -> bool:
     return False
   key = ("rebind", kt, k, _modes())
   if seg.mode == REC:
+    # t must stand alone: no live view of it, and if it is itself a view (a gradient reshaped from another), its base
+    # gone and no element repeated (an expanded view's write raises, as eager's does)
     a = t._alias
-    if a is not None and (type(a[1]) is not tuple or a[1] or _m["alias"]._members(a[0], t)):
+    if a is not None and (type(a[1]) is not tuple or (a[1] and (a[0].ref() is not None or
+                          any(op == "EXPAND" for op, _ in a[1]))) or _m["alias"]._members(a[0], t)):
       _leave(seg, "an in-place op on a result that is viewed")
       return False
     seg.events.append(_Event(key, "rebind", None))
     seg.slots[id(t)] = (k, weakref.ref(t))
     return False      # (the write is made: t's value and recipe are r's)
   tr = seg.trace
+  b = seg.base_of.get(kt)
   if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key or \
-     any(w() is not None for w in seg.viewers.get(kt, ())):
+     any(w() is not None for w in seg.viewers.get(kt, ())) or (b is not None and seg.made.get(b, _dead)() is not None):
     deviate(seg, "another in-place op than the recorded one")
     return False
   seg.done.append([tr.events[seg.pos], [t, r], None, ()])
@@ -1204,6 +1217,11 @@ def traced_function(fn):
 
 
 _Traced = None
+_FG_FUNCTIONS = ("cat", "stack", "concatenate", "concat", "einsum", "where", "zeros_like", "ones_like", "empty_like",
+                 "full_like", "rand_like", "randn_like", "randint_like", "multinomial", "tensordot", "gather",
+                 "index_select", "masked_fill", "scatter", "scatter_add", "scatter_reduce", "index_add", "index_copy",
+                 "index_fill", "index_put", "take", "take_along_dim", "masked_select", "masked_scatter", "nonzero",
+                 "argwhere", "repeat_interleave", "roll", "tensor_split")
 _PRIVATE_F = ("_convnd", "_conv_transposend", "_max_poolnd", "_avg_poolnd")   # what nn's layers call
 
 
@@ -1221,6 +1239,10 @@ def install() -> None:
   _m.update(grad_state=autograd._state, draw_keys=lambda g, n, dev: _draw_keys(g, n, dev).node, node_slot=Tensor.node, autograd=autograd, alias=alias, dt=dt, DType=DType, jit=jit, track=track, realize=realize, dims=dims,
             template=template, gn=gn, Tensor=Tensor, node_key=_node_key, inputs_key=_inputs_key)
   _Traced = _make_traced()
+  import fusegrad as fg
+  for name in _FG_FUNCTIONS:   # fusegrad.cat, stack, where, the *_like factories, the indexing functions
+    v = getattr(fg, name, None)
+    if isinstance(v, types.FunctionType) and not hasattr(v, "__traced__"): setattr(fg, name, traced_function(v))
   from fusegrad.nn import functional as F
   for name, v in list(vars(F).items()):
     if not isinstance(v, types.FunctionType) or hasattr(v, "__traced__"): continue
