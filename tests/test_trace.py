@@ -283,4 +283,4 @@ def test_gradient_clipping_replays_bitwise(traced, rng):
     return [np.float32(loss.item()), norm.numpy(), m[0].weight.grad.numpy().copy()]
   off, on, d = _run_both(traced, _mlp(fg.optim.AdamW, lr=1e-2), 8, body)
   _assert_same(off, on)
-  assert d["replays"] >= 4, d
+  assert d["replays"] >= 4, (d, list(trace.why))

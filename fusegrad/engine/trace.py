@@ -532,7 +532,7 @@ def _replay(seg, key, real, args, kwargs, tensors):
       deviate(seg, str(e))
       return out
     seg.pos += 1
-    seg.done.append([ev, tensors, news, leaves])
+    seg.done.append([ev, _externals(ev, tensors), news, leaves])
     for o, (k, *_x) in zip(news, ev.news): _adopt_slot(seg, o, k)
     return out
   for j, _k, _meta_ in ev.writes:
@@ -554,7 +554,7 @@ def _replay(seg, key, real, args, kwargs, tensors):
     finally:
       _depth[0] -= 1
   seg.pos += 1
-  seg.done.append([ev, tensors, real, leaves])
+  seg.done.append([ev, _externals(ev, tensors), real, leaves])
   news = [_placeholder(seg, k, meta, view, base) for k, meta, view, base in ev.news]
   outs = [tensors[r[1]] if r[0] == "arg" else news[r[1]] for r in refs]
   for j, k, meta in ev.writes:
@@ -562,6 +562,12 @@ def _replay(seg, key, real, args, kwargs, tensors):
     _note_write(seg, t, k, _placeholder(seg, k, meta, False))
     if not in_step[0]: _hide(seg, t, t)
   return _unform(form, outs)
+
+
+def _externals(ev, tensors: list) -> list:
+  """An event's tensors as a replay keeps them: the externals (a result is found by its slot when the events are
+  made again; holding it would keep it alive, and liveness is what the checks of views and writes read)."""
+  return [t if r[0] != "S" else None for r, t in zip(ev.key[3], tensors)]
 
 
 def _placeholder(seg: Segment, k: int, meta, view: bool, base=None):
@@ -621,7 +627,7 @@ def on_write(t, r) -> bool:
   if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key:
     deviate(seg, "another write than the recorded one")
     return False
-  seg.done.append([tr.events[seg.pos], [t, r], None, ()])
+  seg.done.append([tr.events[seg.pos], [t, None if k is not None else r], None, ()])
   seg.pos += 1
   _note_write(seg, t, k, r)
   if not in_step[0]: _hide(seg, t, r)
@@ -668,7 +674,7 @@ def _rebind(seg: Segment, t, r, kt: int) -> bool:
      any(w() is not None for w in seg.viewers.get(kt, ())) or (b is not None and seg.made.get(b, _dead)() is not None):
     deviate(seg, "another in-place op than the recorded one")
     return False
-  seg.done.append([tr.events[seg.pos], [t, r], None, ()])
+  seg.done.append([tr.events[seg.pos], [None, None], None, ()])
   seg.pos += 1
   ph = r._trace
   t._trace = _PH(seg, k, (ph.shape, ph.dtype, ph.device, ph.leaf) if ph is not None else _meta(r))
@@ -721,7 +727,7 @@ def backward(t, retain_graph) -> bool:
       deviate(seg, "another backward than the recorded one")
       return False
     seg.pos += 1
-    seg.done.append([ev, [t], None, ()])
+    seg.done.append([ev, [None], None, ()])
     for i, k2, meta in ev.leaves: seg.ext[i][0].grad = _placeholder(seg, k2, meta, False)
     if t._trace is not None and t._trace.shape == (): seg.later.append(weakref.ref(t))
     return True
@@ -812,7 +818,10 @@ def _materialize(seg: Segment, live: bool) -> None:
 
   def _rerun(ev, tensors, extra):
     if ev.kind == "rebind":
-      if live: alias.write(real[ev.key[1]], real[ev.key[2]])
+      t, v = real.get(ev.key[1]), real.get(ev.key[2])
+      if t is None or v is None: return
+      if live: alias.write(t, v)
+      else: t.node, t._ctx, t.requires_grad = v.node, v._ctx, v.requires_grad   # (after the step: its value)
       return
     if ev.kind == "cwrite": return   # (made when it was met)
     if ev.kind == "write":
@@ -1103,8 +1112,8 @@ def _end(seg: Segment) -> None:
   seg.later.clear()
   if not keep: _forget(seg)
   else:    # the external inputs stay as the calls saw them; the results they made stay reachable by slot only
-    seg.done = [[ev, [t if r[0] == "X" else None for r, t in zip(ev.key[3], ts)] if ev.kind in ("method", "fn", "update")
-                 else ts, extra, leaves] for ev, ts, extra, leaves in seg.done]
+    seg.done = [[ev, _externals(ev, ts) if ev.kind in ("method", "fn", "update") else ts, extra, leaves]
+                for ev, ts, extra, leaves in seg.done]
 
 
 def _forget(seg: Segment) -> None:
