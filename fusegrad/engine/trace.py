@@ -163,12 +163,16 @@ def _external(seg: Segment, t) -> tuple:
   if n.buffer is not None and n.op != "CONST" and n.op != "IOTA": k, leaves = ("IN", n.dtype, n.shape, n.device), (n,)
   else:   # a lazy graph the caller built outside the trace (x.view(-1), mask == 0, a random draw): its structure
     m = _ext_memo.get(id(n))
-    if m is not None and m[0] is n and not any(x.buffer is not None for x in m[3]):
-      entries, leaves = m[1], m[2]
-      m[4] = _ends[0]
-    else:
+    leaves = None
+    if m is not None and m[0]() is n:     # (the graph below n is alive while n is; a realized node changes it)
+      inner = [w() for w in m[3]]
+      if not any(x is None or x.buffer is not None for x in inner):
+        entries, leaves = m[1], tuple(w() for w in m[2])
+        m[4] = _ends[0]
+    if leaves is None:
       entries, _roots, leaves, inner = _canon([n], {}, _EXT_NODES)
-      _ext_memo[id(n)] = [n, entries, leaves, inner, _ends[0]]
+      _ext_memo[id(n)] = [weakref.ref(n), entries, tuple(weakref.ref(b) for b in leaves),
+                          [weakref.ref(x) for x in inner], _ends[0]]
     k = ("G", entries)
   i = len(seg.ext)
   seg.ext.append((t, n, leaves))
@@ -178,8 +182,8 @@ def _external(seg: Segment, t) -> tuple:
 
 
 _EXT_NODES = 64    # the most nodes of an external lazy graph keyed by its structure
-# id(node) -> [node, entries, leaves, its unrealized nodes, the segment count when last used]: the structure of an
-# external lazy graph that every step passes again (an optimizer's hyperparameter views), kept while steps use it
+# id(node) -> [node, entries, leaves, its unrealized nodes (weak references all), the segment count when last used]:
+# the structure of an external lazy graph that every step passes again, kept while steps use it (nothing kept alive)
 _ext_memo: dict = {}
 _ends = [0]           # segments ended so far
 
