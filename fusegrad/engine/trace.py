@@ -1038,7 +1038,7 @@ def _trace_of(seg: Segment, entry, walked: list, idents: tuple, order: list, nod
 
 
 def _launch(seg: Segment, tr: Trace) -> None:
-  alias, autograd, gn, Tensor = _m["alias"], _m["autograd"], _m["gn"], _m["Tensor"]
+  """The replay's realize: the plan launched on the current inputs, its results bound to the targets."""
   nodes: list = [None] * tr.size
   for pos, src in tr.inputs: nodes[pos] = _source(seg, src)
   for pos, s in tr.stands: nodes[pos] = s
