@@ -78,7 +78,9 @@ def _spec(a, tensors: list):
   if t is dt.DType: return a
   if t is tuple or t is list: return (t.__name__,) + tuple(_spec(x, tensors) for x in a)
   if t is dict: return ("dict",) + tuple((k, _spec(v, tensors)) for k, v in a.items())
-  if hasattr(a, "_ctx") and hasattr(a, "node"):
+  if t is slice: return ("slice", _spec(a.start, tensors), _spec(a.stop, tensors), _spec(a.step, tensors))
+  if a is Ellipsis: return ("...",)
+  if hasattr(t, "_ctx") and hasattr(t, "node"):   # a Tensor (its class: a traced placeholder's slots stay unread)
     tensors.append(a)
     return ("tensor", len(tensors) - 1)
   raise template.Untemplatable(f"an argument of type {t.__name__}")
@@ -93,6 +95,8 @@ def rebuild(spec, tensors: list):
     out = [rebuild(x, tensors) for x in spec[1:]]
     return tuple(out) if t == "tuple" else out
   if t == "dict": return {k: rebuild(v, tensors) for k, v in spec[1:]}
+  if t == "slice": return slice(*(rebuild(x, tensors) for x in spec[1:]))
+  if t == "...": return Ellipsis
   if t is float: return float.fromhex(spec[1])
   return spec[1]
 

@@ -47,6 +47,14 @@ def _run_both(traced, make, steps: int, body):
   return out[0], out[1], {k: trace.stats[k] - before[k] for k in before}
 
 
+def _train(opt, loss) -> np.float32:
+  """One step of the usual loop: zero_grad, backward, step; the loss read afterwards."""
+  opt.zero_grad()
+  loss.backward()
+  opt.step()
+  return np.float32(loss.item())
+
+
 def _assert_same(a, b):
   for x, y in zip(a, b):
     for u, v in zip(x, y): np.testing.assert_array_equal(u, v)
@@ -66,10 +74,7 @@ def test_training_loop_replays_bitwise(traced, rng, opt_cls, kw):
   ys = [rng.integers(0, 5, 8) for _ in range(3)]
   def body(m, opt, i):
     loss = F.cross_entropy(m(fg.tensor(xs[i % 3])), fg.tensor(ys[i % 3]))
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return [np.float32(loss.item())]
+    return [_train(opt, loss)]
   off, on, d = _run_both(traced, _mlp(opt_cls, **kw), 8, body)
   _assert_same(off, on)
   assert d["replays"] >= 4, d
@@ -85,10 +90,7 @@ def test_gpt_step_replays_bitwise(traced, rng):
   def body(m, opt, i):
     x, y = batches[i % 2]
     _, loss = m(fg.tensor(x), fg.tensor(y))
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return [np.float32(loss.item())]
+    return [_train(opt, loss)]
   off, on, d = _run_both(traced, make, 7, body)
   _assert_same(off, on)
   assert d["replays"] >= 3, d
@@ -103,10 +105,7 @@ def test_random_draws_in_a_replayed_step(traced, rng):
   def body(m, opt, i):
     h = m(fg.tensor(x))
     loss = (h + 0.1 * fg.randn_like(h)).square().mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return [np.float32(loss.item())]
+    return [_train(opt, loss)]
   off, on, d = _run_both(traced, make, 7, body)
   _assert_same(off, on)
   assert d["replays"] >= 3, d
@@ -124,10 +123,7 @@ def test_deviation_gives_eager_results(traced, rng):
     if i == 6: h.add_(1.0)                    # an in-place op on a result
     if i == 7: _ = float(h.sum().item())      # a value read mid-step
     loss = h.square().mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return [np.float32(loss.item()), m[0].weight.grad.numpy().copy()]
+    return [_train(opt, loss), m[0].weight.grad.numpy().copy()]
   off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.05, momentum=0.5), 10, body)
   _assert_same(off, on)
   assert d["deviations"] >= 2 and d["replays"] >= 1, d
@@ -204,10 +200,7 @@ def test_two_models_alternating(traced, rng):
   def body(ms, pairs, i):
     m, opt = pairs[i % 2]
     loss = m(fg.tensor(x)).square().mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return [np.float32(loss.item())]
+    return [_train(opt, loss)]
   off, on, d = _run_both(traced, make, 8, body)
   _assert_same(off, on)
   assert d["replays"] >= 3, d
@@ -240,11 +233,9 @@ def test_batch_norm_block_replays_bitwise(traced, rng, momentum):
     return m, fg.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
   def body(m, opt, i):
     loss = F.cross_entropy(m(fg.tensor(xs[i % 2])), fg.tensor(ys[i % 2]))
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+    first = _train(opt, loss)
     if i == 6: _ = m.bn1.running_mean.numpy()     # a written statistic read mid-loop (after the step: realized)
-    return [np.float32(loss.item())] + [v.numpy().copy() for v in m.state_dict().values()]
+    return [first] + [v.numpy().copy() for v in m.state_dict().values()]
   off, on, d = _run_both(traced, make, 8, body)
   _assert_same(off, on)
   if momentum is not None: assert d["replays"] >= 3, d
@@ -260,10 +251,7 @@ def test_statistic_read_inside_a_replayed_step(traced, rng):
   def body(m, opt, i):
     loss = m(fg.tensor(x)).square().mean()
     seen = m.bn2.running_var.numpy().copy() if i == 5 else np.zeros(4, np.float32)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return [np.float32(loss.item()), seen]
+    return [_train(opt, loss), seen]
   off, on, d = _run_both(traced, make, 7, body)
   _assert_same(off, on)
   assert d["deviations"] >= 1 and d["replays"] >= 2, d

@@ -40,6 +40,7 @@ import collections
 import threading
 import weakref
 from fusegrad import config
+from fusegrad.graph import template
 
 
 ENABLED = config.TRACE
@@ -58,8 +59,8 @@ REC, REP, OFF = 0, 1, 2
 _m: dict = {}                # modules the hot checks read (set by install: no import in a hot path)
 
 
-class Untraceable(Exception):
-  """A call or a write the trace cannot follow (the message says why)."""
+class Untraceable(template.Untemplatable):
+  """A call or a write the trace cannot follow (the message says why; an argument templates cannot key either)."""
 
 
 def enabled() -> bool:
@@ -238,26 +239,11 @@ def _has_node(t) -> bool:
     return False
 
 
-def _spec(a, tensors: list):
-  t = type(a)
-  if a is None or t is str or t is bool or t is int: return (t, a)
-  if t is float: return (float, a.hex())
-  if t is _m["DType"]: return a
-  if t is tuple or t is list: return (t.__name__,) + tuple(_spec(x, tensors) for x in a)
-  if t is dict: return ("dict",) + tuple((k, _spec(v, tensors)) for k, v in a.items())
-  if t is slice: return ("slice", _spec(a.start, tensors), _spec(a.stop, tensors), _spec(a.step, tensors))
-  if a is Ellipsis: return ("...",)
-  if isinstance(a, _m["Tensor"]):
-    tensors.append(a)
-    return ("tensor", len(tensors) - 1)
-  raise Untraceable(f"an argument of type {t.__name__}")
-
-
 _PLAIN = (type(None), str, bool, int)
 
 
 def _spec_call(args: tuple, kwargs: dict, tensors: list) -> tuple:
-  """_spec((args, kwargs)) without the recursion for the usual flat arguments (tensors and plain values)."""
+  """templates._spec((args, kwargs)) without its recursion for the usual flat arguments (tensors, plain values)."""
   Tensor = _m["Tensor"]
   out = ["tuple"]
   for a in args:
@@ -266,22 +252,8 @@ def _spec_call(args: tuple, kwargs: dict, tensors: list) -> tuple:
     elif isinstance(a, Tensor):
       tensors.append(a)
       out.append(("tensor", len(tensors) - 1))
-    else: out.append(_spec(a, tensors))
-  return ("tuple", tuple(out), _spec(kwargs, tensors) if kwargs else ("dict",))
-
-
-def _rebuild(spec, tensors: list):
-  if isinstance(spec, _m["DType"]): return spec
-  t = spec[0]
-  if t == "tensor": return tensors[spec[1]]
-  if t == "tuple" or t == "list":
-    out = [_rebuild(x, tensors) for x in spec[1:]]
-    return tuple(out) if t == "tuple" else out
-  if t == "dict": return {k: _rebuild(v, tensors) for k, v in spec[1:]}
-  if t == "slice": return slice(*(_rebuild(x, tensors) for x in spec[1:]))
-  if t == "...": return Ellipsis
-  if t is float: return float.fromhex(spec[1])
-  return spec[1]
+    else: out.append(_m["spec"](a, tensors))
+  return ("tuple", tuple(out), _m["spec"](kwargs, tensors) if kwargs else ("dict",))
 
 
 def _form(x, outs: list):
@@ -314,6 +286,14 @@ def _new_slot(seg: Segment, t) -> int:
   return k
 
 
+def _recorded_slot(seg: Segment, o) -> int:
+  """A recording's new result: its slot and node; its methods become events."""
+  k = _new_slot(seg, o)
+  seg.snodes[k] = o.node
+  o.__class__ = _Traced
+  return k
+
+
 def _adopt_slot(seg: Segment, o, k: int) -> None:
   """A real result of the segment: its slot, and its methods become events."""
   seg.slots[id(o)] = (k, weakref.ref(o))
@@ -331,7 +311,7 @@ def call(kind: str, fn, real, args: tuple, kwargs: dict):
   try:
     spec = _spec_call(args, kwargs, tensors)
     key = (kind, fn, spec, tuple(_ref(seg, t) for t in tensors), _modes())
-  except Untraceable as e:
+  except template.Untemplatable as e:
     # a call on none of the segment's tensors is no concern of the trace (fusegrad.tensor(an array)): it runs as
     # eager code between events does; one on them leaves the segment eager
     if any(_slot_of(seg, t) is not None or t._trace is not None or id(t) in seg.written for t in tensors):
@@ -466,10 +446,7 @@ def _record(seg, key, kind, real, args, kwargs, tensors, spec):
       seg.hleaves.append((len(seg.events), leaves))
     slots = []
     for o in news:
-      k = _new_slot(seg, o)
-      seg.snodes[k] = o.node
-      o.__class__ = _Traced
-      slots.append((k, _meta(o), _views_external(seg, o), _viewed_slot(seg, o)))
+      slots.append((_recorded_slot(seg, o), _meta(o), _views_external(seg, o), _viewed_slot(seg, o)))
     ev.news = tuple(slots)
     ev.form = (form, tuple(refs))
     ws = []
@@ -751,10 +728,7 @@ def backward(t, retain_graph) -> bool:
       if i is None or seg.ext[i][0] is not leaf: raise Untraceable("a backward reaching a leaf no call was given")
       g = leaf.grad
       if type(g) is not _m["Tensor"] or _slot_of(seg, g) is not None: raise Untraceable("a gradient of another kind")
-      k2 = _new_slot(seg, g)
-      seg.snodes[k2] = g.node
-      g.__class__ = _Traced
-      leaves.append((i, k2, _meta(g)))
+      leaves.append((i, _recorded_slot(seg, g), _meta(g)))
     ev.leaves = tuple(leaves)
     seg.events.append(ev)
   except Untraceable as e:
@@ -860,7 +834,7 @@ def _materialize(seg: Segment, live: bool) -> None:
     if not live and any(r[0] == "S" and r[1] not in real for r in ev.key[3]): return   # (reads one of those)
     xs = [arg(r, t) for r, t in zip(ev.key[3], tensors)]
     spec = ev.spec
-    args, kwargs = _rebuild(spec, xs)
+    args, kwargs = _m["rebuild"](spec, xs)
     out = (getattr(Tensor, ev.key[1]) if ev.kind == "method" else extra)(*args, **kwargs)
     outs: list = []
     _form(out, outs)
@@ -950,7 +924,8 @@ def on_realize(tensors=None, nodes=None) -> bool:
     _launch(seg, tr)
     _end(seg)
     return True
-  nodes_all = [seg.snodes[i[1]] if i[0] == "S" else _written(seg, i[1])[1].node for i in order]
+  written = {v[0]: v[1] for v in seg.written.values()}
+  nodes_all = [seg.snodes[i[1]] if i[0] == "S" else written[i[1]].node for i in order]
   entry, walked = _m["realize"].realize_nodes(nodes_all)
   try:
     if not seg.events: raise Untraceable("no calls")
@@ -965,10 +940,6 @@ def on_realize(tensors=None, nodes=None) -> bool:
     _why(f"not recorded: {e}")
   _end(seg)
   return True
-
-
-def _written(seg: Segment, w: int) -> tuple:
-  return next(v for v in seg.written.values() if v[0] == w)
 
 
 def _targets(seg: Segment, tensors, nodes) -> tuple:
@@ -1114,10 +1085,7 @@ def _end(seg: Segment) -> None:
   seg.hleaves = []
   seg.events = []
   seg.later.clear()
-  if not keep: _forget(seg)
-  else:    # the external inputs stay as the calls saw them; the results they made stay reachable by slot only
-    seg.done = [[ev, _externals(ev, ts) if ev.kind in ("method", "fn", "update") else ts, extra, leaves]
-                for ev, ts, extra, leaves in seg.done]
+  if not keep: _forget(seg)   # (else seg.done, which holds only the events' externals, makes the placeholders)
 
 
 def _forget(seg: Segment) -> None:
@@ -1243,14 +1211,13 @@ def install() -> None:
   global _Traced
   import types
   from fusegrad import autograd, alias, dtype as dt
-  from fusegrad.dtype import DType
   from fusegrad.engine import jit, track, realize
-  from fusegrad.graph import dims, template, node as gn
-  from fusegrad.tensor import Tensor
-  from fusegrad.templates import _node_key, _inputs_key
-  from fusegrad.tensor import _draw_keys
-  _m.update(grad_state=autograd._state, draw_keys=lambda g, n, dev: _draw_keys(g, n, dev).node, node_slot=Tensor.node, autograd=autograd, alias=alias, dt=dt, DType=DType, jit=jit, track=track, realize=realize, dims=dims,
-            template=template, gn=gn, Tensor=Tensor, node_key=_node_key, inputs_key=_inputs_key)
+  from fusegrad.graph import dims, node as gn
+  from fusegrad.tensor import Tensor, _draw_keys
+  from fusegrad.templates import _node_key, _spec, rebuild
+  _m.update(spec=_spec, rebuild=rebuild, grad_state=autograd._state, node_slot=Tensor.node, autograd=autograd,
+            alias=alias, dt=dt, jit=jit, track=track, realize=realize, dims=dims, gn=gn, Tensor=Tensor,
+            node_key=_node_key, draw_keys=lambda g, n, dev: _draw_keys(g, n, dev).node)
   _Traced = _make_traced()
   import fusegrad as fg
   for name in _FG_FUNCTIONS:   # fusegrad.cat, stack, where, the *_like factories, the indexing functions
