@@ -209,6 +209,90 @@ class Plan:
     return made
 
 
+  def prepare(self, nodes: list, inputs: list, handed: set) -> "Prepared":
+    """This plan made ready for replays that read their inputs at the walk positions `inputs` and find the
+    values its Params read in nodes, fixed (a checked trace's stands); handed: the outputs (indices in the steps'
+    order) a replay hands out."""
+    return Prepared(self, nodes, inputs, handed)
+
+
+# the most bytes of intermediates a Prepared plan keeps in buffers of its own (more: each replay allocates them)
+OWN_BYTES = 64 << 20
+
+
+class Prepared:
+  """A Plan made ready for a checked trace's replays (engine/trace.py): each device batch's launch arrays are
+  made once (Device.prepare_batch), with its Params' values, which a trace fixes; the outputs no replay hands out
+  (the step's intermediates) are buffers of its own, allocated once (up to OWN_BYTES in all), as a fusegrad.jit
+  capture's are; a replay allocates the outputs it hands out and patches their and its inputs' addresses in."""
+  __slots__ = ("width", "batches", "outs", "n_in")
+
+  def __init__(self, plan: Plan, nodes: list, inputs: list, handed: set):
+    self.width = config.BEAM
+    self.n_in = len(inputs)
+    at = {p: k for k, p in enumerate(inputs)}
+    specs = [(dev, size, dtype) for dev, _k, outs, _r, _v, _l in plan.steps for _i, size, dtype in outs]
+    own = sum(size * dtype.itemsize for j, (_d, size, dtype) in enumerate(specs) if j not in handed) <= OWN_BYTES
+    self.outs: list = []   # per output: its own Buffer, or (device, size, dtype) to allocate each replay
+    src: dict = {}         # output index -> its place among a replay's handles
+    for j, (dev, size, dtype) in enumerate(specs):
+      if own and j not in handed:
+        b = rd.Buffer(dev, size, dtype)
+        b.handle   # (allocated now: its address is in the launch arrays)
+        self.outs.append(b)
+      else:
+        src[j] = self.n_in + len(src)
+        self.outs.append((dev, size, dtype))
+    self.batches: list = []
+    launches: list = []
+    patches: list = []
+    bdev = None
+    j = 0
+
+    def flush():
+      if launches: self.batches.append((bdev, bdev.prepare_batch(list(launches), list(patches))))
+      launches.clear()
+      patches.clear()
+
+    for dev, k, outs, refs, vals, _last in plan.steps:
+      first, j = j, j + len(outs)
+      if k is None: continue
+      if dev is not bdev:
+        flush()
+        bdev = dev
+      c = dev.compiled(k)
+      handles: list = []
+      args = [("out", first + x) for x in range(len(outs))] + [("out", ~i) if i < 0 else ("in", i) for i in refs]
+      for a, (what, i) in enumerate(args):
+        if what == "out":
+          b = self.outs[i]
+          if type(b) is rd.Buffer: handles.append(b.handle)
+          else:
+            handles.append(None)
+            patches.append((len(launches), a, src[i]))
+        elif i in at:
+          handles.append(None)
+          patches.append((len(launches), a, at[i]))
+        else: handles.append(nodes[i].buffer.handle)   # a buffer the recording read that is no input (a cached mask)
+      if vals:
+        values = [p.value if type(p) is Fixed else (nodes[p].arg.offset if nodes[p].op == "VIEW" else nodes[p].arg)
+                  for p in vals]
+        handles += dev.param_handles(k, values)
+      launches.append((c.program, c.kernel, handles))
+    flush()
+
+  def launch(self, ins: list) -> list:
+    """Launch with these input buffers (in the order of Plan.prepare's inputs); the output buffers, in the
+    order of the steps' outputs."""
+    new = rd.Buffer
+    made = [b if type(b) is new else new(*b) for b in self.outs]
+    handles = [b.handle for b in ins]
+    handles += [b.handle for b, o in zip(made, self.outs) if b is not o]
+    for dev, batch in self.batches: dev.run_prepared(batch, handles)
+    sched.stats["replays"] += 1
+    return made
+
+
 def launch(dev, program, k, src: str, handles: list) -> None:
   """Run one compiled kernel (k: the optimized kernel of Device.compiled) on its buffers' handles (outputs first,
   then Device.param_handles of its Params' values), timed when someone tracks kernels."""

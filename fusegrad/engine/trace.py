@@ -89,14 +89,15 @@ class _Stand:
 
 class Trace:
   """A recorded segment: its events, the realize's plan, where the plan's inputs come from, its targets."""
-  __slots__ = ("events", "plan", "size", "inputs", "stands", "targets", "outs", "misses")
+  __slots__ = ("events", "plan", "size", "inputs", "stands", "targets", "outs", "misses", "prepared")
 
   def __init__(self, events, plan, size, inputs, stands, targets, outs):
     self.events, self.plan, self.size = events, plan, size
-    self.inputs, self.stands = inputs, stands   # [(pos, source: see _source)], [(pos, stand or node)]
+    self.inputs, self.stands = inputs, stands   # [(pos, source: see _source)] (a pos once), [(pos, stand or node)]
     self.targets = targets                      # sorted idents: ("S", slot) a result, ("W", write) a written tensor
     self.outs = outs                            # ident -> ("out", buffer index, shape, dtype, device) / ("in", source) / ("node", n)
     self.misses = 0
+    self.prepared = None                        # the plan made ready for these replays (realize.Prepared)
 
 
 class _Event:
@@ -317,13 +318,13 @@ def call(kind: str, fn, real, args: tuple, kwargs: dict):
     if any(_slot_of(seg, t) is not None or t._trace is not None or id(t) in seg.written for t in tensors):
       _leave(seg, str(e))
     return _run(real, args, kwargs)
-  stats["events"] += 1
   if seg.mode == REC and not seg.events:
     tr = _traces.get(key)
     if tr is not None:
       _traces.move_to_end(key)
       seg.mode, seg.trace = REP, tr
   if seg.mode == REP: return _replay(seg, key, real, args, kwargs, tensors)
+  stats["events"] += 1
   return _record(seg, key, kind, real, args, kwargs, tensors, spec)
 
 
@@ -498,13 +499,12 @@ def _replay(seg, key, real, args, kwargs, tensors):
     deviate(seg, "another call than the recorded one" if seg.pos < len(tr.events) else "more calls than recorded")
     return _run(real, args, kwargs)
   ev = tr.events[seg.pos]
-  form, refs = ev.form
   if ev.host:   # it checks values on the host: it runs for real, and the graph it made is compared
     out = _run(real, args, kwargs)
     outs: list = []
     try:
       _form(out, outs)
-      news = [outs[i] for i, r in enumerate(refs) if r[0] == "new"]
+      news = [outs[i] for i, r in enumerate(ev.form[1]) if r[0] == "new"]
       if len(news) != len(ev.news) or any(type(o) is not _m["Tensor"] for o in news):
         raise Untraceable("a call reading the host made another graph")
       check, leaves = _structure(news, tensors)
@@ -513,9 +513,35 @@ def _replay(seg, key, real, args, kwargs, tensors):
       deviate(seg, str(e))
       return out
     seg.pos += 1
+    stats["events"] += 1
     seg.done.append([ev, _externals(ev, tensors), news, leaves])
     for o, (k, *_x) in zip(news, ev.news): _adopt_slot(seg, o, k)
     return out
+  return _replay_event(seg, ev, real, args, kwargs, tensors)
+
+
+def refs_match(seg: Segment, tensors: list, want: tuple) -> bool:
+  """Are these tensors' refs `want` (an event's key's)? When not, the externals they added are taken back."""
+  n = len(seg.ext)
+  try:
+    if tuple(_ref(seg, t) for t in tensors) == want: return True
+  except template.Untemplatable:
+    pass
+  del seg.ext[n:]
+  for d in (seg.t_first, seg.ext_first):
+    for key in [key for key, v in d.items() if (v if type(v) is int else v[0]) >= n]: del d[key]
+  return False
+
+
+def replaying():
+  """The segment, while a replay follows its trace and calls are events (Optimizer.step's updates replay through
+  `_replay_event` directly when their keys match: _updates.step_all)."""
+  seg = _seg[0]
+  return seg if seg is not None and seg.mode == REP and enabled() else None
+
+
+def _replay_event(seg, ev, real, args, kwargs, tensors):
+  """The event at seg.pos, whose key matched this call's: its results as placeholders, its writes held."""
   for j, _k, _meta_ in ev.writes:
     if not _pending_ok(seg, tensors[j], True):
       deviate(seg, "a write the trace does not follow")
@@ -536,7 +562,9 @@ def _replay(seg, key, real, args, kwargs, tensors):
       _depth[0] -= 1
   seg.pos += 1
   seg.done.append([ev, _externals(ev, tensors), real, leaves])
+  stats["events"] += 1
   news = [_placeholder(seg, k, meta, view, base) for k, meta, view, base in ev.news]
+  form, refs = ev.form
   outs = [tensors[r[1]] if r[0] == "arg" else news[r[1]] for r in refs]
   for j, k, meta in ev.writes:
     t = tensors[j]
@@ -982,7 +1010,7 @@ def _trace_of(seg: Segment, entry, walked: list, idents: tuple, order: list, nod
     for j, b in enumerate(leaves): where.setdefault(id(b), ("X", i, j))
   for e, leaves in seg.hleaves:
     for j, b in enumerate(leaves): where.setdefault(id(b), ("H", e, j))
-  inputs, stands, outpos = [], [], {}
+  inputs, stands, outpos, seen = [], [], {}, set()
   j = 0
   for _dev, _k, outs, refs, vals, _last in plan.steps:
     for i, _size, _dtype in outs:
@@ -990,6 +1018,8 @@ def _trace_of(seg: Segment, entry, walked: list, idents: tuple, order: list, nod
       j += 1
     for i in refs:
       if i < 0: continue
+      if i in seen: continue
+      seen.add(i)
       src = where.get(id(walked[i]))
       if src is None:     # a buffer a call read that is no argument (a cached causal mask): the same one, as a
         stands.append((i, walked[i]))   # fusegrad.jit replay reads it
@@ -1010,10 +1040,13 @@ def _trace_of(seg: Segment, entry, walked: list, idents: tuple, order: list, nod
 
 def _launch(seg: Segment, tr: Trace) -> None:
   """The replay's realize: the plan launched on the current inputs, its results bound to the targets."""
-  nodes: list = [None] * tr.size
-  for pos, src in tr.inputs: nodes[pos] = _source(seg, src)
-  for pos, s in tr.stands: nodes[pos] = s
-  made = tr.plan.launch(nodes)
+  run = tr.prepared
+  if run is None or run.width != config.BEAM:
+    nodes: list = [None] * tr.size
+    for pos, s in tr.stands: nodes[pos] = s
+    run = tr.prepared = tr.plan.prepare(nodes, [pos for pos, _src in tr.inputs],
+                                        {how[1] for how in tr.outs.values() if how[0] == "out"})
+  made = run.launch([_source(seg, src).buffer for _pos, src in tr.inputs])
   stats["replays"] += 1
   _unhide(seg)
   phs: dict = {}   # slot -> the tensors that stand for it now (an in-place op makes a tensor stand for its result)

@@ -106,16 +106,12 @@ class Optimizer(abc.ABC):
     self._opt_called = True   # lets a learning-rate scheduler warn when it is stepped first, as PyTorch's does
     structure = self._structure()
     _jit.guard(lambda: self._structure() == structure)
-    updates = []
     _trace.in_step[0] += 1    # a replayed step follows the writes into parameters and state made here
     try:
       with fg.no_grad():
-        for g in self.param_groups:
-          for p in g["params"]:
-            if p.grad is None: continue
-            state = self.state.setdefault(id(p), {})
-            updates.append(p)
-            updates.extend(_updates.step(self, p, g, state, self._scalars(p, g, state)))
+        work = [(p, g, self.state.setdefault(id(p), {})) for g in self.param_groups for p in g["params"]
+                if p.grad is not None]
+        updates = _updates.step_all(self, [(p, g, st, self._scalars(p, g, st)) for p, g, st in work])
       if updates: fg.realize(*updates)
     finally:
       _trace.in_step[0] -= 1

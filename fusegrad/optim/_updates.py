@@ -64,18 +64,61 @@ def _values(d: dict, keys) -> tuple | None:
     return None
 
 
-def step(opt, p, g: dict, state: dict, s: tuple) -> list:
-  """One parameter's update (Optimizer.step's loop body): p takes its new value in place; the state tensors to
-  realize with it. In a step the trace follows (engine/trace.py), one event keyed by the update template's key."""
-  from fusegrad.tensor import Tensor
-  names = tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor)))
+def step_all(opt, work: list) -> list:
+  """Optimizer.step's updates, work = [(p, group, state, hyperparameter views)]: each p takes its new value in
+  place; the tensors to realize (each p, then its states). A replayed step (engine/trace.py) replays the updates
+  whose keys match their recorded events here, in one loop (trace._replay_event); the first that does not, and
+  every update of a step not replayed, goes through `step`."""
+  out: list = []
+  seg = _trace.replaying()
+  i = 0
+  if seg is not None:
+    events, modes, gvs = seg.trace.events, _trace._modes(), {}
+    for p, g, state, s in work:
+      if seg.pos >= len(events) or seg.mode != _trace.REP: break
+      ev = events[seg.pos]
+      names = _names(state)
+      fk = ev.key[1]
+      if ev.kind != "update" or fk[0] is not type(opt) or fk[1] != names or ev.key[4] != modes: break
+      reads = _reads_any.get((type(opt), names))
+      if reads is None: break
+      gv = gvs.get(id(g))
+      if gv is None or gv[0] is not reads: gv = gvs[id(g)] = (reads, _values(g, reads[0]))
+      hyper = state.get("_scalars", (None, ()))
+      if fk[2] != gv[1] or fk[3] != _values(state, reads[1]) or hyper[1] is not s: break
+      args = (p, p.grad, hyper[0], tuple(state[k] for k in names))
+      tensors = [p, p.grad, hyper[0], *args[3]]
+      if not _trace.refs_match(seg, tensors, ev.key[3]): break
+      out.append(p)
+      out.extend(_trace._replay_event(seg, ev, _real(opt, g, state, s, names), args, {}, tensors))
+      i += 1
+  for p, g, state, s in work[i:]:
+    out.append(p)
+    out.extend(step(opt, p, g, state, s))
+  return out
 
+
+def _names(state: dict) -> tuple:
+  from fusegrad.tensor import Tensor
+  return tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor)))
+
+
+def _real(opt, g: dict, state: dict, s: tuple, names: tuple):
+  """One update as an event's function of its tensor arguments (parameter, gradient, hyperparameters, states)."""
   def real(p_, grad_, _hyper, _sts):
     new, states = _run(opt, p_, grad_.detach(), g, state, s)
     p_._assign(new.to(p_.dtype))
-    if _trace._seg[0] is not None and tuple(sorted(k for k, v in state.items() if isinstance(v, Tensor))) != names:
+    if _trace._seg[0] is not None and _names(state) != names:
       _trace.off("an optimizer update that made new state")   # (a replay would not make it)
     return states
+  return real
+
+
+def step(opt, p, g: dict, state: dict, s: tuple) -> list:
+  """One parameter's update: p takes its new value in place; the state tensors to realize with it. In a step the
+  trace follows (engine/trace.py), one event keyed by the update template's key."""
+  names = _names(state)
+  real = _real(opt, g, state, s, names)
   if not _trace.enabled(): return real(p, p.grad, None, ())
   reads = _reads_any.get((type(opt), names))     # (the inputs' structure is in the event's key already)
   gv = sv = None

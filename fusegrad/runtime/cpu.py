@@ -46,7 +46,14 @@ SLICE_NS = 50_000_000
 ALIGN = 64
 
 
-_BLOCK_TYPES: dict = {}
+class _Batch:
+  """Kernels made ready to launch (CPUDevice.prepare_batch): the native block's template (entries, sizes, parts,
+  the buffer lists' offsets, the addresses), the patches' places in it and which handle each takes, and the
+  launches (their programs and fixed handles stay alive while the batch does)."""
+  __slots__ = ("count", "tmpl", "pos", "src", "keep")
+
+  def __init__(self, count, tmpl, pos, src, keep):
+    self.count, self.tmpl, self.pos, self.src, self.keep = count, tmpl, pos, src, keep
 
 
 class LoadError(RuntimeError):
@@ -55,7 +62,7 @@ class LoadError(RuntimeError):
 
 class _Job(ctypes.Structure):
   """fg_job of runtime/cpu_pool.c: one launch's kernels and how far it got (each caller has its own)."""
-  # the arrays' addresses are in one block that launch_batch keeps alive for the call
+  # the arrays' addresses are in one block that run_prepared keeps alive for the call
   _fields_ = [("count", ctypes.c_longlong), ("entries", ctypes.c_void_p), ("bufs", ctypes.c_void_p),
               ("n", ctypes.c_void_p), ("parts", ctypes.c_void_p), ("slice_ns", ctypes.c_longlong),
               ("k", ctypes.c_longlong), ("chunk", ctypes.c_longlong), ("pooled", ctypes.c_longlong)]
@@ -254,37 +261,43 @@ class CPUDevice(Device):
   def launch_batch(self, launches: list) -> None:
     """Run kernels in order through the native launcher (runtime/cpu_pool.c): a kernel whose estimated cost
     (Kernel.cost) is small runs on the calling thread, a larger one in chunks (a few per thread, more for a
-    long kernel) that whoever is free claims (a worker that wakes late finds less or nothing left).
+    long kernel) that whoever is free claims (a worker that wakes late finds less or nothing left)."""
+    self.run_prepared(self.prepare_batch(launches, ()), ())
 
-    The native call returns every SLICE_NS and is called again, so a KeyboardInterrupt reaches the main
-    thread within about that plus one chunk; the job is then cancelled, and this returns (raises) only
-    when no worker runs its kernels any more, since the buffers may be freed right after."""
-    count = len(launches)
-    run, cancel = self._launcher()
-    # one native array holds the job's fields and every kernel's buffer addresses (a few C calls per batch, not
-    # ctypes objects per kernel: a replayed step launches hundreds of small kernels; numpy's .ctypes costs 2 us)
+  def prepare_batch(self, launches: list, patches) -> "_Batch":
+    """launches made ready to run (Device.prepare_batch): one native array of the job's fields and every
+    kernel's buffer addresses (a few numpy calls per batch, not ctypes objects per kernel: a replayed step launches
+    hundreds of small kernels; numpy's .ctypes costs 2 us), with where each patch's address goes. The batch holds
+    its programs and fixed handles (argument blocks, buffers) alive."""
     addrs, starts, entries, sizes, parts = [], [], [], [], []
     small, threads = PARALLEL_MIN_WORK, self.threads
     for program, kernel, handles in launches:
       starts.append(len(addrs))
-      addrs += [h.addr if type(h) is Mem else h.ctypes.data for h in handles]
+      addrs += [0 if h is None else h.addr if type(h) is Mem else h.ctypes.data for h in handles]
       entries.append(program._entry)
       n = kernel.global_size
       sizes.append(n)
       parts.append(1 if n < 2 or kernel.cost < small else
                    min(n, MAX_PARTS, max(threads * CHUNKS_PER_THREAD, kernel.cost // CHUNK_WORK)))
-    c = count
-    size = 4 * c + len(addrs)
-    block_t = _BLOCK_TYPES.get(size)
-    if block_t is None:   # one ctypes array type per length: a type is a cycle only a full collection frees
-      block_t = _BLOCK_TYPES[size] = ctypes.c_int64 * size
-    block = block_t()
-    base = ctypes.addressof(block)
-    flat = base + 8 * 4 * c
-    block[0:c], block[c:2 * c], block[2 * c:3 * c] = entries, sizes, parts
-    block[3 * c:4 * c] = [flat + 8 * i for i in starts]
-    block[4 * c:] = addrs
-    job = _Job(count, base, base + 8 * 3 * c, base + 8 * c, base + 16 * c, SLICE_NS, 0, 0, 0)
+    c = len(launches)
+    # the kernels' buffer lists as offsets from the block's start: a run adds the address of its copy
+    tmpl = np.array(entries + sizes + parts + [8 * (4 * c + i) for i in starts] + addrs, dtype=np.int64)
+    pos = np.array([4 * c + starts[i] + j for i, j, _k in patches], dtype=np.intp)
+    src = np.array([k for _i, _j, k in patches], dtype=np.intp)
+    return _Batch(c, tmpl, pos, src, launches)
+
+  def run_prepared(self, batch: "_Batch", handles) -> None:
+    """Run a prepared batch, its patches' addresses taken from handles (by each patch's index). The native call
+    returns every SLICE_NS and is called again, so a KeyboardInterrupt reaches the main thread within about that
+    plus one chunk; the job is then cancelled, and this returns (raises) only when no worker runs its kernels any
+    more, since the buffers may be freed right after."""
+    run, cancel = self._launcher()
+    c = batch.count
+    block = batch.tmpl.copy()
+    base = block.ctypes.data
+    block[3 * c:4 * c] += base
+    if len(batch.pos): block[batch.pos] = np.array([h.addr for h in handles], dtype=np.int64)[batch.src]
+    job = _Job(c, base, base + 8 * 3 * c, base + 8 * c, base + 16 * c, SLICE_NS, 0, 0, 0)
     ref = ctypes.byref(job)
     try:
       while run(ref): pass

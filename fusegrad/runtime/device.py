@@ -210,6 +210,15 @@ class Device:
   def launch_batch(self, launches: list) -> None:
     """Run [(program, kernel, handles), ...] in order (a replayed step); a device may do it in one call."""
     for program, kernel, handles in launches: self.launch(program, kernel, handles)
+  def prepare_batch(self, launches: list, patches) -> object:
+    """launches ([(program, kernel, handles)]) made ready to run again and again (a checked trace's replays):
+    patches are (launch, argument, k): that argument is handles[k] of each run_prepared (None stands for it)."""
+    return (launches, tuple(patches))
+  def run_prepared(self, batch, handles) -> None:
+    launches, patches = batch
+    launches = [(p, k, list(h)) for p, k, h in launches]
+    for i, j, k in patches: launches[i][2][j] = handles[k]
+    self.launch_batch(launches)
   def synchronize(self) -> None: pass
 
   def param_handles(self, kernel, values: list) -> list:
