@@ -455,6 +455,12 @@ class _Capture:
       b = t.node.buffer
       fresh = id(b) in written and id(b) not in state_after
       self.outs.append((b, fresh, t.dtype, t.shape, t.device))
+    self.prepared = None   # (the ids of the buffers a replay substitutes, the items with kernel runs prepared)
+
+  def _prepare(self) -> tuple:
+    subs = list(dict.fromkeys([id(b) for b in self.inputs] + [id(b) for s in self.states for b in (s.before, s.after)] +
+                              [id(b) for b, fresh, *_x in self.outs if fresh]))
+    return subs, _prepare_items(self.items, subs)
 
   def replay(self, tensors: list):
     from fusegrad.tensor import Tensor
@@ -487,22 +493,19 @@ class _Capture:
       else:
         results.append(None)
     timed = track.wants_timing()
-    batch: list = []    # consecutive kernels of one device go to it in one call
-    def flush():
-      if batch: batch[0][0].launch_batch([b[1:] for b in batch])
-      batch.clear()
-    for item in self.items:
+    if not timed:
+      if self.prepared is None: self.prepared = self._prepare()
+      subs, runs = self.prepared
+      handles = [sub[i].handle for i in subs]
+    for item in (self.items if timed else runs):
       kind = item[0]
+      if kind == "run":
+        item[1].run_prepared(item[2], handles)
+        continue
       if kind == "kernel":
         _, dev, program, kernel, src, bufs, params = item
-        handles = [sub.get(id(b), b).handle for b in bufs] + params
-        if timed:
-          launch(dev, program, kernel, src, handles)
-          continue
-        if batch and batch[0][0] is not dev: flush()
-        batch.append((dev, program, kernel, handles))
+        launch(dev, program, kernel, src, [sub.get(id(b), b).handle for b in bufs] + params)
         continue
-      flush()
       if kind == "host":
         item[1]()
       elif kind == "read":
@@ -511,7 +514,6 @@ class _Capture:
       else:
         _, src, dst = item
         sub.get(id(dst), dst).copyin(sub.get(id(src), src).numpy())
-    flush()
     for s, i in zip(self.states, targets): set_node(s.tensor, _owned_node(s, i, s.tensor))   # its views follow
     fresh_tensors = []
     for (b, fresh, dtype, shape, device), nb in zip(self.outs, results):
@@ -521,6 +523,41 @@ class _Capture:
         if src.size: nb.copyin(src.numpy())
       fresh_tensors.append(Tensor(_node=gn.buffer_node(nb, dtype, shape, device)))
     return _rebuild_out(self.out, fresh_tensors, Tensor)
+
+
+def _prepare_items(items: list, subs: list) -> list:
+  """A capture's items with each run of consecutive kernels of one device made ready to launch at once (Device.
+  prepare_batch): ("run", device, batch); a buffer in subs (id(buffer) of those a replay substitutes: arguments,
+  states, fresh results) is patched in by its place there."""
+  at = {b: k for k, b in enumerate(subs)}
+  out: list = []
+  launches: list = []
+  patches: list = []
+  bdev = None
+
+  def flush():
+    if launches: out.append(("run", bdev, bdev.prepare_batch(list(launches), list(patches))))
+    launches.clear()
+    patches.clear()
+
+  for item in items:
+    if item[0] != "kernel":
+      flush()
+      out.append(item)
+      continue
+    _, dev, program, kernel, _src, bufs, params = item
+    if dev is not bdev:
+      flush()
+      bdev = dev
+    handles = []
+    for j, b in enumerate(bufs):
+      if id(b) in at:
+        patches.append((len(launches), j, at[id(b)]))
+        handles.append(None)
+      else: handles.append(b.handle)
+    launches.append((program, kernel, handles + list(params)))
+  flush()
+  return out
 
 
 def _owned_node(s: _State, i: int, t):

@@ -49,7 +49,11 @@ _MISSES = 2                  # replays of one trace that deviate in a row before
 _DROPS = 3                   # traces of one start dropped so before that start is left eager
 _dropped: dict = {}          # the first event's key -> traces of it dropped
 _traces: "collections.OrderedDict[tuple, Trace]" = collections.OrderedDict()
-stats = {"replays": 0, "records": 0, "deviations": 0, "events": 0}
+# the first event's key -> the results a replay left as placeholders that were needed after its step (a gradient
+# norm, logits for an accuracy): the next recording makes them targets too, so replays hand them out
+_wanted: "collections.OrderedDict[tuple, set]" = collections.OrderedDict()
+_WANTED = 16                 # results wanted per start, at most
+stats = {"replays": 0, "records": 0, "deviations": 0, "events": 0, "late": 0}   # late: placeholders made after a step
 why: "collections.deque[str]" = collections.deque(maxlen=32)   # the latest reasons a segment was not replayed
 _seg: list = [None]          # the segment in progress (the main thread's)
 _depth = [0]                 # > 0 inside a traced call (its own calls are not events)
@@ -134,7 +138,7 @@ class Segment:
     self.ext: list = []        # per external occurrence: (tensor, node, the realized nodes its graph reads)
     self.ext_first: dict = {}  # id(node) -> its first place among the externals (the same node twice is one input)
     self.t_first: dict = {}    # id(tensor) -> its first place
-    self.written: dict = {}    # id(tensor) -> (write index, tensor, value slot, value tensor)
+    self.written: dict = {}    # id(tensor) -> (write index, tensor, value slot, value tensor or None: a replay's call's)
     self.snodes: dict = {}     # (recording) slot -> its node
     self.views: list = []      # (replaying) weakrefs to placeholders that view an external's storage
     self.later: list = []      # (replaying) weakrefs to results a backward asked to realize with the next realize
@@ -162,20 +166,24 @@ def _external(seg: Segment, t) -> tuple:
   """The key of an external input (appended to seg.ext): a realized buffer by dtype, shape and device, a constant
   by value, a view over one of those; which other externals are the same tensor and the same nodes."""
   n = t.node
-  if n.buffer is not None and n.op != "CONST" and n.op != "IOTA": k, leaves = ("IN", n.dtype, n.shape, n.device), (n,)
-  else:   # a lazy graph the caller built outside the trace (x.view(-1), mask == 0, a random draw): its structure
-    m = _ext_memo.get(id(n))
-    leaves = None
-    if m is not None and m[0]() is n:     # (the graph below n is alive while n is; a realized node changes it)
-      inner = [w() for w in m[3]]
-      if not any(x is None or x.buffer is not None for x in inner):
-        entries, leaves = m[1], tuple(w() for w in m[2])
-        m[4] = _ends[0]
-    if leaves is None:
-      entries, _roots, leaves, inner = _canon([n], {}, _EXT_NODES)
-      _ext_memo[id(n)] = [weakref.ref(n), entries, tuple(weakref.ref(b) for b in leaves),
-                          [weakref.ref(x) for x in inner], _ends[0]]
-    k = ("G", entries)
+  if n.buffer is not None and n.op != "CONST" and n.op != "IOTA":   # a realized tensor (the usual external)
+    i = len(seg.ext)
+    seg.ext.append((t, n, (n,)))
+    nf = seg.ext_first.setdefault(id(n), (i, -1))
+    return ("X", ("IN", n.dtype, n.shape, n.device), t.requires_grad, seg.t_first.setdefault(id(t), i), nf, (nf,))
+  # a lazy graph the caller built outside the trace (x.view(-1), mask == 0, a random draw): its structure
+  m = _ext_memo.get(id(n))
+  leaves = None
+  if m is not None and m[0]() is n:     # (the graph below n is alive while n is; a realized node changes it)
+    inner = [w() for w in m[3]]
+    if not any(x is None or x.buffer is not None for x in inner):
+      entries, leaves = m[1], tuple(w() for w in m[2])
+      m[4] = _ends[0]
+  if leaves is None:
+    entries, _roots, leaves, inner = _canon([n], {}, _EXT_NODES)
+    _ext_memo[id(n)] = [weakref.ref(n), entries, tuple(weakref.ref(b) for b in leaves),
+                        [weakref.ref(x) for x in inner], _ends[0]]
+  k = ("G", entries)
   i = len(seg.ext)
   seg.ext.append((t, n, leaves))
   first = seg.ext_first
@@ -566,9 +574,9 @@ def _replay_event(seg, ev, real, args, kwargs, tensors):
   news = [_placeholder(seg, k, meta, view, base) for k, meta, view, base in ev.news]
   form, refs = ev.form
   outs = [tensors[r[1]] if r[0] == "arg" else news[r[1]] for r in refs]
-  for j, k, meta in ev.writes:
+  for j, k, _meta in ev.writes:
     t = tensors[j]
-    _note_write(seg, t, k, _placeholder(seg, k, meta, False))
+    _note_write(seg, t, k, None)   # (its value is no one's but t's: a placeholder for it is made only if needed)
     if not in_step[0]: _hide(seg, t, t)
   return _unform(form, outs)
 
@@ -910,13 +918,31 @@ def _adopt(p, r) -> None:
 
 
 def materialize(p) -> None:
-  """A placeholder's node is needed (Tensor.node of a _Traced): deviate its segment, or, after it, make it."""
+  """A placeholder's node is needed (Tensor.node of a _Traced): deviate its segment, or, after it, make it (and
+  have the trace recorded again with it among the targets: `_wanted`)."""
   seg = p._trace.seg
   if _seg[0] is seg and seg.mode == REP: deviate(seg, "a placeholder's node was needed")
-  else: _materialize(seg, live=False)
+  else:
+    stats["late"] += 1
+    _want(seg.trace, p._trace.slot)
+    _materialize(seg, live=False)
   if p._trace is not None:
     raise RuntimeError("fusegrad: a result of a replayed step cannot be made again after the step (the optimizer "
                        "update that made it wrote its state); please report this")
+
+
+def _want(tr, k: int) -> None:
+  """Result k of trace tr was needed after a replay: tr is dropped, and its next recording realizes k too."""
+  if tr is None or not tr.events or k < 0: return
+  key = tr.events[0].key
+  w = _wanted.setdefault(key, set())
+  _wanted.move_to_end(key)
+  if len(_wanted) > 4 * _MAX: _wanted.popitem(last=False)
+  if k in w or len(w) >= _WANTED: return
+  w.add(k)
+  if _traces.get(key) is tr:
+    del _traces[key]
+    _why(f"recorded again: a result its replay did not make (slot {k}) was needed after the step")
 
 
 # ---- the realize that ends a segment -------------------------------------------------------------------------------
@@ -952,6 +978,9 @@ def on_realize(tensors=None, nodes=None) -> bool:
     _launch(seg, tr)
     _end(seg)
     return True
+  if seg.events:   # results replays of this start left unmade that were needed after the step
+    want = _wanted.get(seg.events[0].key, ())
+    order += sorted(("S", k) for k in want if k in seg.snodes and ("S", k) not in order)
   written = {v[0]: v[1] for v in seg.written.values()}
   nodes_all = [seg.snodes[i[1]] if i[0] == "S" else written[i[1]].node for i in order]
   entry, walked = _m["realize"].realize_nodes(nodes_all)
@@ -1079,7 +1108,7 @@ def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict, freed: bool) -> No
     else:
       _w, t, _k, value = written[ident[1]]
       alias.write_node(t, node)
-      if value._trace is not None: _bind(value, node, freed)
+      if value is not None and value._trace is not None: _bind(value, node, freed)
 
 
 def _bind(p, node, freed: bool) -> None:
