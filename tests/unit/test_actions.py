@@ -278,12 +278,80 @@ def test_heuristic_tiles_a_panel_matmul_on_its_rows(rng):
 
 def test_heuristic_no_scalar_tile_over_strided_columns(rng):
   """q @ k.T read in place steps k's rows along the output's columns: a register tile there holds scalars (8 x 32
-  spilled accumulators, 18 GFLOP/s): no tile."""
+  spilled accumulators, 18 GFLOP/s): no register tile; with K = 32, too short for a dot tile, a gathered tile
+  (heuristic.gathered_tile: column vectors loaded lane by lane)."""
   q, kk = rng.standard_normal((128, 32)).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)
   x = (fg.Tensor(q).reshape(128, 1, 32) * fg.Tensor(kk).reshape(1, 64, 32)).sum(2)
   item = one_kernel(x)
   assert heuristic.register_tile(item.kernel, _avx512(rd.get("PYTHON").caps)) == []
   _close(run(item, tuple(heuristic.hand_coded(item.kernel, _avx512(rd.get("PYTHON").caps)))), q @ kk.T)
+
+
+def _upcasts(k, opts, caps) -> list:
+  """(original axis size, amount) of each UPCAST in opts, applied in turn."""
+  out = []
+  for o in opts:
+    if o.op is OptOp.UPCAST: out.append((k.axes[o.axis].size, o.arg))
+    k = apply_opt(k, o, caps)
+  return out
+
+
+@pytest.mark.parametrize("rows, cols, kdim, want", [
+  (256, 96, 32, [(256, 16), (96, 16)]),    # x @ w.T with 32 input features: 16 rows x a gathered vector of columns
+  (256, 65, 32, [(65, 13), (256, 16)]),    # 65 columns (a vocabulary): the vectors along the rows, 13 columns
+  (128, 64, 16, [(128, 16), (64, 16)]),    # attention's q @ k.T over a head's 16 dims
+])
+def test_heuristic_gathers_the_columns_of_a_short_strided_product(rows, cols, kdim, want, rng):
+  """A product whose operands are both contiguous along a short reduction and strided along the outputs (`x @ w.T`
+  read in place) gets a gathered tile: a block of rows x one vector of columns loaded lane by lane, instead of a
+  vector of reduction lanes folded for every output (a horizontal sum per 32 multiply-adds). Values match numpy on
+  the interpreter and compiled."""
+  a, b = rng.standard_normal((rows, kdim)).astype(np.float32), rng.standard_normal((cols, kdim)).astype(np.float32)
+  item = one_kernel((fg.Tensor(a).reshape(rows, 1, kdim) * fg.Tensor(b).reshape(1, cols, kdim)).sum(2))
+  caps = _avx512(rd.get("PYTHON").caps)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert _upcasts(item.kernel, opts, caps) == want and len(opts) == 2, opts
+  k = apply_opts(item.kernel, opts, caps)
+  assert not k.of_kind(K.REDUCE) or k.of_kind(K.REDUCE)[0].size == kdim, k.axes   # the reduction stays one loop
+  _close(run(item, tuple(opts)), a @ b.T)
+  _close(run(item, tuple(opts), "CPU"), a @ b.T)
+  # a reduction of 4 vectors or more keeps the dot tile (vectors along the reduction, a block of dot products)
+  a, b = rng.standard_normal((rows, 64)).astype(np.float32), rng.standard_normal((cols, 64)).astype(np.float32)
+  item = one_kernel((fg.Tensor(a).reshape(rows, 1, 64) * fg.Tensor(b).reshape(1, cols, 64)).sum(2))
+  assert heuristic.gathered_tile(item.kernel, caps) == []
+
+
+def test_heuristic_expands_a_concatenated_row_whole(rng):
+  """An elementwise kernel whose innermost axis is read through the bounds of a concatenation's parts (the gradient
+  of q, k, v split from one [B, T, 96] tensor: each part's load and select guarded by `32 <= o < 64`), bounds that a
+  vector width divides, is expanded whole (UPCAST of 16, then of the 6 blocks): every copy's conditions are
+  constants, no guarded load is left (as a loop of 16, gcc vectorized none of them). Bounds that no vector width
+  divides leave the rule out."""
+  import torch
+  x0 = rng.standard_normal((8, 32, 96)).astype(np.float32)
+  ws = [rng.standard_normal(s).astype(np.float32) for s in ((8, 2, 32, 16), (8, 2, 16, 32), (8, 2, 32, 16))]
+  def grad(lib, x):
+    q, k, v = x.split(32, -1)
+    q, v = (t.reshape(8, 32, 2, 16).permute(0, 2, 1, 3) for t in (q, v))
+    k = k.reshape(8, 32, 2, 16).permute(0, 2, 3, 1)
+    ((q * lib.tensor(ws[0])).sum() + (k * lib.tensor(ws[1])).sum() + (v * lib.tensor(ws[2])).sum()).backward()
+    return x.grad
+  item = one_kernel(grad(fg, fg.Tensor(x0, requires_grad=True)))
+  caps = _avx512(rd.get("PYTHON").caps)
+  assert [a.size for a in item.kernel.axes][-1] == 96
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert _upcasts(item.kernel, opts, caps) == [(96, 16), (6, 6)], opts
+  from fusegrad.codegen import passes
+  from fusegrad.codegen.ir import toposort, Load, Valid
+  ke = passes.expand(apply_opts(item.kernel, opts, caps), caps)
+  vals = [x for st in ke.stores for x in toposort([st.value])]
+  assert not any(x.valid.parts for x in vals if isinstance(x, Load)) and not any(x.cond.parts for x in vals if isinstance(x, Valid))
+  want = grad(torch, torch.tensor(x0, requires_grad=True)).numpy()
+  np.testing.assert_array_equal(run(item, tuple(opts)), want)
+  np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), want)
+  q, v = rng.standard_normal((8, 32, 18)).astype(np.float32), rng.standard_normal((8, 32, 14)).astype(np.float32)
+  item = one_kernel(fg.cat([fg.Tensor(q), fg.Tensor(v)], -1) * 2)
+  assert heuristic._constant_blocks(item.kernel, item.kernel.axes[-1].var, caps) is None
 
 
 def test_contiguous_output_axes_merge_before_tiling(rng):
