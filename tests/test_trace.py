@@ -179,17 +179,36 @@ def test_inference_loop_replays(traced, rng):
   assert d["replays"] >= 2, d
 
 
-def test_gradient_accumulation_is_eager(traced, rng):
-  """Two backward passes into the same .grad (accumulation): not replayed, the eager values."""
+def test_gradient_accumulation_replays_bitwise(traced, rng):
+  """Micro-batches whose backward passes accumulate into .grad before one step (nanoGPT's loop, with its clipping):
+  replayed, bitwise the eager values; a gradient kept after the step holds the accumulated value."""
+  xs = [rng.standard_normal((8, 12), dtype=np.float32) for _ in range(2)]
+  def body(m, opt, i):
+    x = xs[i % 2]
+    for half in (x[:4], x[4:]):
+      loss = m(fg.tensor(half)).square().mean() / 2
+      loss.backward()
+    fg.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return [np.float32(loss.item())]
+  off, on, d = _run_both(traced, _mlp(fg.optim.AdamW, lr=1e-2), 8, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 4, (d, list(trace.why))
+
+
+def test_gradient_accumulated_across_steps(traced, rng):
+  """Accumulating into gradients left from an earlier segment (no zero_grad between steps) and reading one after
+  the step: replayed, the eager values."""
   x = rng.standard_normal((8, 12), dtype=np.float32)
   def body(m, opt, i):
-    opt.zero_grad()
-    for half in (x[:4], x[4:]):
-      m(fg.tensor(half)).square().mean().backward()
+    m(fg.tensor(x)).square().mean().backward()
     opt.step()
-    return [m[0].weight.grad.numpy().copy()]
-  off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.05), 5, body)
-  _assert_same(off, on)
+    return [m[2].bias.grad.numpy().copy()]
+  off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.01), 8, body)
+  for a, b in zip(off, on):
+    for u, v in zip(a, b): np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
+  assert d["replays"] >= 3, (d, list(trace.why))
 
 
 def test_two_models_alternating(traced, rng):

@@ -231,8 +231,8 @@ def _canon(roots: list, place: dict, limit: int = 1 << 30) -> tuple:
 
 
 def _ref(seg: Segment, t) -> tuple:
-  k = _slot_of(seg, t)
-  if k is not None: return ("S", k)
+  e = seg.slots.get(id(t))
+  if e is not None and e[1]() is t: return ("S", e[0])
   w = seg.written.get(id(t))
   if w is not None and w[1] is t: return ("W", w[0])
   if t._trace is not None and not _has_node(t): raise Untraceable("a placeholder of an earlier segment")
@@ -262,7 +262,12 @@ def _spec_call(args: tuple, kwargs: dict, tensors: list) -> tuple:
       tensors.append(a)
       out.append(("tensor", len(tensors) - 1))
     else: out.append(_m["spec"](a, tensors))
-  return ("tuple", tuple(out), _m["spec"](kwargs, tensors) if kwargs else ("dict",))
+  if not kwargs: return ("tuple", tuple(out), ("dict",))
+  kw = ["dict"]
+  for k, v in kwargs.items():
+    t = type(v)
+    kw.append((k, (t, v) if t in _PLAIN else _m["spec"](v, tensors)))
+  return ("tuple", tuple(out), tuple(kw))
 
 
 def _form(x, outs: list):
@@ -314,12 +319,13 @@ def _adopt_slot(seg: Segment, o, k: int) -> None:
 def call(kind: str, fn, real, args: tuple, kwargs: dict):
   """A top-level frontend call real(*args, **kwargs), recorded, replayed or run eagerly; fn names it in the key
   (with every argument: real must be a function of them, the grad mode and the default dtype alone)."""
-  seg = _current()
+  seg = _seg[0] or _current()
   if seg.mode == OFF: return _run(real, args, kwargs)
   tensors: list = []
   try:
     spec = _spec_call(args, kwargs, tensors)
-    key = (kind, fn, spec, tuple(_ref(seg, t) for t in tensors), _modes())
+    key = (kind, fn, spec, tuple([_ref(seg, t) for t in tensors]),
+           (getattr(_m["grad_state"], "enabled", True), _m["dt"].default_float))   # (_modes())
   except template.Untemplatable as e:
     # a call on none of the segment's tensors is no concern of the trace (fusegrad.tensor(an array)): it runs as
     # eager code between events does; one on them leaves the segment eager
@@ -740,12 +746,15 @@ def backward(t, retain_graph) -> bool:
   if seg.mode == REP:
     tr = seg.trace
     ev = tr.events[seg.pos] if seg.pos < len(tr.events) else None
-    if ev is None or ev.key != key or not all(seg.ext[i][0].grad is None for i, _k, _m_ in ev.leaves):
+    olds = [] if ev is None else [seg.ext[i][0].grad for i, _k, _m_, _o in ev.leaves]
+    if ev is None or ev.key != key or not _olds_match(seg, olds, ev.leaves):
       deviate(seg, "another backward than the recorded one")
       return False
     seg.pos += 1
-    seg.done.append([ev, [None], None, ()])
-    for i, k2, meta in ev.leaves: seg.ext[i][0].grad = _placeholder(seg, k2, meta, False)
+    seg.done.append([ev, olds, None, ()])
+    for i, k2, meta, o in ev.leaves:
+      g = seg.ext[i][0].grad = _placeholder(seg, k2, meta, False)
+      if o is not None and o[0] != "S": seg.later.append(weakref.ref(g))   # (as the recording: _accumulated)
     if t._trace is not None and t._trace.shape == (): seg.later.append(weakref.ref(t))
     return True
   written: list = []
@@ -758,18 +767,35 @@ def backward(t, retain_graph) -> bool:
   try:
     ev = _Event(key, "backward", None)
     leaves = []
-    for leaf, old in written:
-      if old is not None: raise Untraceable("a backward accumulating into an existing .grad")
+    lazy = False
+    for leaf, old in written:   # (old: the .grad accumulated into, an earlier backward's or one from before)
       i = seg.t_first.get(id(leaf))
       if i is None or seg.ext[i][0] is not leaf: raise Untraceable("a backward reaching a leaf no call was given")
       g = leaf.grad
       if type(g) is not _m["Tensor"] or _slot_of(seg, g) is not None: raise Untraceable("a gradient of another kind")
-      leaves.append((i, _recorded_slot(seg, g), _meta(g)))
+      o = None if old is None else _ref(seg, old)
+      leaves.append((i, _recorded_slot(seg, g), _meta(g), o))
+      # a gradient accumulated into one from before the segment will be accumulated into again: realized with the
+      # step (the next step's key then meets a realized gradient, not the graph of this one); one accumulated into
+      # a gradient not realized (the eager step before: its graph) is not recorded, since the next one will be
+      if o is not None and o[0] != "S":
+        _m["realize"].later(g)
+        lazy = lazy or o[0] == "X" and o[1][0] != "IN"
+    if lazy: raise Untraceable("a backward accumulating into a gradient not realized yet")
     ev.leaves = tuple(leaves)
     seg.events.append(ev)
   except Untraceable as e:
     _leave(seg, str(e))
   return True
+
+
+def _olds_match(seg: Segment, olds: list, leaves: tuple) -> bool:
+  """Are the leaves' .grad before a replayed backward those of the recording (none, or the same earlier result or
+  external: gradient accumulation)?"""
+  try:
+    return all(g is None if o is None else g is not None and _ref(seg, g) == o for g, (_i, _k, _m_, o) in zip(olds, leaves))
+  except Untraceable:
+    return False
 
 
 # ---- deviating: the events so far run for real --------------------------------------------------------------------
@@ -846,17 +872,22 @@ def _materialize(seg: Segment, live: bool) -> None:
       return
     if ev.kind == "backward":
       if not live:   # after the step: the gradients of the values the calls read, through the calls made again
-        ins = [arg(("X",), seg.ext[i][0]) for i, _k, _m_ in ev.leaves]
+        ins = [arg(("X",), seg.ext[i][0]) for i, _k, _m_, _o in ev.leaves]
         gs = autograd.grad([real[ev.key[1]]], ins, retain_graph=True, allow_unused=True)
-        for g, (_i, k, _m_) in zip(gs, ev.leaves):
+        for g, (_i, k, _m_, o), old in zip(gs, ev.leaves, tensors):
+          if o is not None:   # accumulated into
+            if o[0] == "S" and o[1] not in real: return
+            base = arg(o, old)
+            g = base if g is None else base + g
           p = alive(k)
           if p is not None and g is not None: _adopt(p, g)
           real[k] = p if p is not None else g
         return
-      leaves = [seg.ext[i][0] for i, _k, _m_ in ev.leaves]
-      for leaf in leaves: leaf.grad = None
+      leaves = [seg.ext[i][0] for i, _k, _m_, _o in ev.leaves]
+      for leaf, (_i, _k, _m_, o), old in zip(leaves, ev.leaves, tensors):
+        leaf.grad = None if o is None else real[o[1]] if o[0] == "S" else old
       autograd.backward(real[ev.key[1]], retain_graph=ev.key[2])
-      for leaf, (_i, k, _m_) in zip(leaves, ev.leaves):
+      for leaf, (_i, k, _m_, _o) in zip(leaves, ev.leaves):
         p = alive(k)
         if p is not None and leaf.grad is not None:
           _adopt(p, leaf.grad)

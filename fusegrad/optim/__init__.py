@@ -85,16 +85,21 @@ class Optimizer(abc.ABC):
     device buffer rewritten each step, so nothing recompiles when a scheduler changes them. A captured step
     (fusegrad.jit) recomputes and rewrites them at every replay."""
     def write():
-      arr = np.array(self._hyper(group, state), dtype=np.float32 if p.dtype != fg.float64 else np.float64)
-      buf, views = state.get("_scalars", (None, ()))
-      if buf is None or buf.shape != arr.shape:
-        d = fg.float64 if arr.dtype == np.float64 else fg.float32
-        mem = rd.Buffer(rd.get(p.device), arr.size, d)
-        buf = Tensor(_node=gn.buffer_node(mem, d, arr.shape, p.device))
+      vals = self._hyper(group, state)
+      buf, views, host = state.get("_scalars", (None, (), None))
+      if buf is None or len(views) != len(vals):
+        d = fg.float64 if p.dtype == fg.float64 else fg.float32
+        mem = rd.Buffer(rd.get(p.device), len(vals), d)
+        buf = Tensor(_node=gn.buffer_node(mem, d, (len(vals),), p.device))
         # broadcast to p's shape once, here: every update op then meets operands of one shape
-        views = tuple(buf[i].reshape((1,) * p.ndim).expand(p.shape) for i in range(arr.size))
-        state["_scalars"] = (buf, views)
-      buf.node.buffer.copyin(arr)
+        views = tuple(buf[i].reshape((1,) * p.ndim).expand(p.shape) for i in range(len(vals)))
+        # a device whose buffers are host arrays (the CPU's, whose kernels have finished when a launch returns) is
+        # written in place through a view of them; another through copyin
+        h = mem.handle
+        host = h.view(d.np)[:len(vals)] if isinstance(h, np.ndarray) and rd.get(p.device).name == "CPU" else None
+        state["_scalars"] = (buf, views, host)
+      if host is not None: host[:] = vals
+      else: buf.node.buffer.copyin(np.array(vals, dtype=buf.dtype.np))
     _jit.host(write)
     return state["_scalars"][1]
 

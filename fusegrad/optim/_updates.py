@@ -12,6 +12,7 @@ recorded; neither is any update while a `fusegrad.jit` capture records. FUSEGRAD
 """
 from __future__ import annotations
 import collections
+import functools
 import threading
 from fusegrad import config, dtype as dt
 from fusegrad.engine import jit as _jit, trace as _trace
@@ -73,7 +74,7 @@ def step_all(opt, work: list) -> list:
   seg = _trace.replaying()
   i = 0
   if seg is not None:
-    events, modes, gvs = seg.trace.events, _trace._modes(), {}
+    events, modes, gvs, svs = seg.trace.events, _trace._modes(), {}, {}
     for p, g, state, s in work:
       if seg.pos >= len(events) or seg.mode != _trace.REP: break
       ev = events[seg.pos]
@@ -85,7 +86,11 @@ def step_all(opt, work: list) -> list:
       gv = gvs.get(id(g))
       if gv is None or gv[0] is not reads: gv = gvs[id(g)] = (reads, _values(g, reads[0]))
       hyper = state.get("_scalars", (None, ()))
-      if fk[2] != gv[1] or fk[3] != _values(state, reads[1]) or hyper[1] is not s: break
+      sv = svs.get((reads, names))
+      if sv is None:   # (entries of the state that are its tensors are keyed by place only: the same for every one)
+        sv = _values(state, reads[1])
+        if all(k in names for k in reads[1]): svs[(reads, names)] = sv
+      if fk[2] != gv[1] or fk[3] != sv or hyper[1] is not s: break
       args = (p, p.grad, hyper[0], tuple(state[k] for k in names))
       tensors = [p, p.grad, hyper[0], *args[3]]
       if not _trace.refs_match(seg, tensors, ev.key[3]): break
@@ -104,14 +109,18 @@ def _names(state: dict) -> tuple:
 
 
 def _real(opt, g: dict, state: dict, s: tuple, names: tuple):
-  """One update as an event's function of its tensor arguments (parameter, gradient, hyperparameters, states)."""
-  def real(p_, grad_, _hyper, _sts):
-    new, states = _run(opt, p_, grad_.detach(), g, state, s)
-    p_._assign(new.to(p_.dtype))
-    if _trace._seg[0] is not None and _names(state) != names:
-      _trace.off("an optimizer update that made new state")   # (a replay would not make it)
-    return states
-  return real
+  """One update as an event's function of its tensor arguments (parameter, gradient, hyperparameters, states): a
+  partial, not a closure (a replayed step keeps one per parameter until its end: two objects for the collector to
+  scan, not six)."""
+  return functools.partial(_apply, opt, g, state, s, names)
+
+
+def _apply(opt, g: dict, state: dict, s: tuple, names: tuple, p, grad, _hyper, _states) -> list:
+  new, states = _run(opt, p, grad.detach(), g, state, s)
+  p._assign(new.to(p.dtype))
+  if _trace._seg[0] is not None and _names(state) != names:
+    _trace.off("an optimizer update that made new state")   # (a replay would not make it)
+  return states
 
 
 def step(opt, p, g: dict, state: dict, s: tuple) -> list:
