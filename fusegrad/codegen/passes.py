@@ -177,7 +177,8 @@ def _masks(roots: list, stores: list) -> set:
 
 def vector_axes(k: Kernel, caps, deps: dict) -> list:
   """The UPCAST axes expand turns into vector values, in the order it does: of those whose size is a vector width
-  of the device, most loads and stores stepping along them by 1 first (the last on a tie), each when every value
+  of the device, the one whose lanes save most work first (`_vector_saving`), then most loads and stores stepping
+  along them by 1 (the last on a tie), each when every value
   along it is a float32 load, arithmetic op, comparison read as a condition (`_masks`) or reduction, and no value is
   along an axis taken before (a softmax's max lanes, its sum's lanes and its output's lanes: three vectors). An
   axis after the first needs a stride-1 load or store (else its lanes as scalars are as good). Values after an
@@ -198,14 +199,53 @@ def vector_axes(k: Kernel, caps, deps: dict) -> list:
   idxs = [x.idx for x in vals if isinstance(x, (Load, LocalLoad))] + [st.idx for st in k.stores]
   score = {c: sum(_stride(i, c) == 1 for i in idxs) for c in cands}
   masks = _masks([st.value for st in k.stores], k.stores)
+  regions = {c: _vector_region(c, vals, deps, masks) for c in cands}
+  saved = {c: _vector_saving(k, c, vals, deps, masks) if regions[c] is not None else 0 for c in cands}
   out, taken = [], set()
-  for u in sorted(reversed(cands), key=lambda c: -score[c]):   # stable: the last axis first on a tie
+  # stable: the last axis first on a tie
+  for u in sorted(reversed(cands), key=lambda c: (-saved[c], -score[c])):
     if (out or grouped) and not score[u]: continue
-    region = _vector_region(u, vals, deps, masks)
+    region = regions[u]
     if region is None or region & taken: continue
     out.append(u)
     taken |= region
   return out
+
+
+# the work of one scalar op, in additions, where it is more than one (the C prelude's fg_expf and its kin are
+# polynomials of 15-25 operations; fg_vexp and its kin are the same steps on whole vectors)
+OP_WORK = {"EXP": 16, "LOG": 16, "TANH": 16, "ERF": 16, "DIV": 4, "RECIP": 4, "SQRT": 4}
+
+
+def _vector_saving(k: Kernel, u, vals: list, deps: dict, masks: set) -> float:
+  """The scalar operations a work item saves when axis u's lanes are vectors (passes expand's copies of each value
+  times the loops it runs in, weighted by OP_WORK): every vector op along u does the work of u's lanes at the cost of
+  one; a load or store that steps along u by 1 is one vector access, one that does not is gathered (or scattered)
+  lane by lane, an insert per lane more than scalar loads. Values after u's reductions (an epilogue, lane by lane)
+  save nothing. The axis that saves most is the first vector axis: a register tile whose row operand is an exp per
+  element (attention's softmax fused into its product with v) has its rows in vectors rather than its columns."""
+  sizes = {a.var: a.size for a in k.axes}
+  per_item = {a.var for a in k.axes if a.kind in (K.UPCAST, K.UNROLL, K.REDUCE, K.LOOP, K.STAGE)}
+  def runs(vs) -> int:
+    n = 1
+    for x in vs:
+      if x in per_item: n *= sizes[x]
+    return n
+  n = sizes[u]
+  on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
+  reduces = [v for v in vals if isinstance(v, Reduce) and on_u(v)]
+  inside = {id(x) for r in reduces for x in toposort((r.src,) + r.more)} | {id(r) for r in reduces}
+  total = 0.0
+  for v in vals:
+    if not on_u(v) or (reduces and id(v) not in inside) or id(v) in masks: continue
+    if isinstance(v, Reduce): total += runs(deps[id(v.src)] | set(v.loops)) * (1 - 1 / n)
+    elif isinstance(v, (Load, LocalLoad)):
+      total += runs(deps[id(v)]) * ((1 - 1 / n) if _stride(v.idx, u) == 1 else -1)
+    elif isinstance(v, Alu): total += runs(deps[id(v)]) * OP_WORK.get(v.op, 1) * (1 - 1 / n)
+  for st in k.stores:
+    if on_u(st.value) and _stride(st.idx, u) == 1:
+      total += runs(deps[id(st.value)] | sym.variables(st.idx)) * (1 - 1 / n)
+  return total
 
 
 def _vector_region(u, vals: list, deps: dict, masks: set) -> set | None:

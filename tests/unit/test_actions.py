@@ -595,3 +595,78 @@ def test_heuristic_streams_a_skinny_products_big_operand_once(rng):
     assert ups[0] == (2, heuristic.tile_lanes(caps(rd.get("PYTHON").caps))), opts   # the reduction in lanes first
     _close(run(item, tuple(opts)), a @ w.T)
     _close(run(item, tuple(opts), "CPU"), a @ w.T)
+
+
+def _first_vector_axis(k, opts, caps):
+  """The size of the axis whose lanes expand makes vectors first (passes.vector_axes), after opts."""
+  from fusegrad.codegen import passes
+  from fusegrad.codegen.ir import dependencies
+  ko = apply_opts(k, opts, caps)
+  va = passes.vector_axes(ko, caps, dependencies([st.value for st in ko.stores]))
+  return ko.axes[ko.axis_index(va[0])].size if va else None
+
+
+def test_heuristic_turns_a_tile_whose_rows_compute_an_exp(rng):
+  """Attention's softmax fused into its product with v ([H, T, S] probabilities exp(a - max) / sum times [H, S, 16]):
+  the plain tile's rows (the queries) compute an exp per element lane by lane, each feeding one column vector's
+  multiply-add. The tile is turned over (heuristic._turned_tile): the head's 16 columns whole as the block's rows, the
+  queries in vector lanes, so the exp, the subtraction and the division are vector ops (passes.vector_axes takes the
+  lanes that save the most work). A product whose rows are plain loads keeps its plain tile. Values match numpy on
+  the interpreter and compiled."""
+  h, t, s, d = 8, 32, 32, 16
+  a, v = rng.standard_normal((h, t, s)).astype(np.float32), rng.standard_normal((h, s, d)).astype(np.float32)
+  m, z = a.max(-1, keepdims=True), np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True)
+  p = ((fg.Tensor(a) - fg.Tensor(m)).exp() / fg.Tensor(z)).reshape(h, t, s, 1)
+  item = one_kernel((p * fg.Tensor(v).reshape(h, 1, s, d)).sum(2))
+  caps = _avx512(rd.get("PYTHON").caps)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert _upcasts(item.kernel, opts, caps) == [(d, d), (t, 16)], opts
+  assert _first_vector_axis(item.kernel, opts, caps) == 16 and apply_opts(item.kernel, opts, caps).axes[-1].size == s
+  want = (np.exp(a - m) / z) @ v
+  _close(run(item, tuple(opts)), want)
+  _close(run(item, tuple(opts), "CPU"), want)
+  # the same product of plain loads: the columns in vectors, as before
+  item = one_kernel((fg.Tensor(a).reshape(h, t, s, 1) * fg.Tensor(v).reshape(h, 1, s, d)).sum(2))
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert _upcasts(item.kernel, opts, caps)[-1] == (d, 16) and _first_vector_axis(item.kernel, opts, caps) == 16
+
+
+def test_vector_lanes_go_where_they_save_most(rng):
+  """passes.vector_axes takes first the UPCAST axis whose lanes save the most scalar work (passes.OP_WORK): of a tile
+  of 8 rows x 16 columns, the columns where the rows are plain loads (stride-1 column loads and stores), the rows
+  where each row value is an exp (8 vector exps per step instead of 8 x 8 scalar ones)."""
+  x, y = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 64)).astype(np.float32)
+  caps = _avx512(rd.get("PYTHON").caps)
+  for rows, want, rows_first in ((fg.Tensor(x), x, False), (fg.Tensor(x).exp(), np.exp(x), True)):
+    item = one_kernel((rows.reshape(64, 32, 1) * fg.Tensor(y).reshape(1, 32, 64)).sum(1))
+    opts = [Opt(OptOp.UPCAST, 0, 8), Opt(OptOp.UPCAST, 2, 16)]
+    assert _first_vector_axis(item.kernel, opts, caps) == (8 if rows_first else 16)
+    _close(run(item, tuple(opts)), want @ y)
+    _close(run(item, tuple(opts), "CPU"), want @ y)
+
+
+def test_heuristic_sums_few_columns_in_vectors(rng):
+  """A sum over 256 rows into 32 columns (a small GPT's layernorm weight gradient) takes its columns in vectors
+  however few work items that leaves (1 here), rather than reduction lanes gathered a row apart."""
+  a, b = rng.standard_normal((8, 32, 32)).astype(np.float32), rng.standard_normal((8, 32, 32)).astype(np.float32)
+  item = one_kernel((fg.Tensor(a) * fg.Tensor(b)).sum((0, 1)))
+  caps = _avx512(rd.get("PYTHON").caps)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert _upcasts(item.kernel, opts, caps) == [(32, 16), (2, 2)], opts
+  _close(run(item, tuple(opts)), (a * b).sum((0, 1)))
+  _close(run(item, tuple(opts), "CPU"), (a * b).sum((0, 1)))
+
+
+def test_heuristic_puts_chains_of_reductions_side_by_side(rng):
+  """A reduction whose length takes no lanes (a max over a vocabulary of 65) is one chain of dependent steps per
+  output: the outputs take the vector lanes instead, one chain per lane. Where the chain cannot be vectors (float64)
+  nothing is upcast. Values equal numpy's exactly."""
+  x = rng.standard_normal((256, 65)).astype(np.float32)
+  caps = _avx512(rd.get("PYTHON").caps)
+  item = one_kernel(fg.Tensor(x).max(1)[0] if isinstance(fg.Tensor(x).max(1), tuple) else fg.Tensor(x).amax(1))
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert _upcasts(item.kernel, opts, caps) == [(256, 16)] and _first_vector_axis(item.kernel, opts, caps) == 16
+  np.testing.assert_array_equal(run(item, tuple(opts)), x.max(1))
+  np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), x.max(1))
+  item = one_kernel(fg.Tensor(x.astype(np.float64)).amax(1))
+  assert heuristic.hand_coded(item.kernel, caps) == []
