@@ -23,7 +23,6 @@ def traced(monkeypatch):
     monkeypatch.setattr(trace, "ENABLED", flag)
     trace._traces.clear()
     trace._dropped.clear()
-    trace._wanted.clear()
     trace._seg[0] = None
   yield on
   trace._traces.clear()
@@ -59,6 +58,11 @@ def _train(opt, loss) -> np.float32:
 def _assert_same(a, b):
   for x, y in zip(a, b):
     for u, v in zip(x, y): np.testing.assert_array_equal(u, v)
+
+
+def _close(a, b):
+  for x, y in zip(a, b):
+    for u, v in zip(x, y): np.testing.assert_allclose(u, v, rtol=2e-6, atol=1e-7)
 
 
 def _mlp(opt_cls, **kw):
@@ -141,11 +145,11 @@ def test_results_kept_after_a_replayed_step(traced, rng):
     opt.step()
     return [h.numpy().copy(), m[2].bias.grad.numpy().copy(), (h.argmax(-1) == 1).float().mean().numpy()]
   off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.1), 10, body)
-  # a kept activation is computed again after the first replayed step (its graph alone, not fused with the step's
-  # other kernels), and from then on the trace is recorded with it among the targets: replays hand it out
+  # a kept activation is the value the step computed where its plan kept it (`_exact`), else computed again after
+  # the step (its graph alone, not fused with the step's other kernels: float reassociation)
   for x, y in zip(off, on):
     for u, v in zip(x, y): np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
-  assert d["replays"] >= 4 and d["late"] <= 3, (d, list(trace.why))
+  assert d["replays"] >= 4, (d, list(trace.why))
 
 
 def test_check_on_a_replayed_input_still_raises(traced, rng):
@@ -199,16 +203,14 @@ def test_gradient_accumulation_replays_bitwise(traced, rng):
 
 def test_gradient_accumulated_across_steps(traced, rng):
   """Accumulating into gradients left from an earlier segment (no zero_grad between steps) and reading one after
-  the step: replayed, the eager values."""
+  the step: the eager values (each step's gradient is a longer graph: the steps are not all replayed)."""
   x = rng.standard_normal((8, 12), dtype=np.float32)
   def body(m, opt, i):
     m(fg.tensor(x)).square().mean().backward()
     opt.step()
     return [m[2].bias.grad.numpy().copy()]
   off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.01), 8, body)
-  for a, b in zip(off, on):
-    for u, v in zip(a, b): np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
-  assert d["replays"] >= 3, (d, list(trace.why))
+  _close(off, on)
 
 
 def test_two_models_alternating(traced, rng):
@@ -225,6 +227,53 @@ def test_two_models_alternating(traced, rng):
   off, on, d = _run_both(traced, make, 8, body)
   _assert_same(off, on)
   assert d["replays"] >= 3, d
+
+
+def test_gan_steps_share_their_first_call(traced, rng):
+  """DCGAN's loop: a discriminator step and a generator step alternate, both starting with the generator's forward
+  (one trace family, two branches that differ after it): both replayed, bitwise the eager values."""
+  zs = [rng.standard_normal((8, 4), dtype=np.float32) for _ in range(2)]
+  real = rng.standard_normal((8, 6), dtype=np.float32)
+  def make():
+    g, d = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 6)), nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    return nn.ModuleList([g, d]), (fg.optim.Adam(g.parameters(), lr=1e-2), fg.optim.Adam(d.parameters(), lr=1e-2))
+  def body(ms, opts, i):
+    g, d = ms
+    fake = g(fg.tensor(zs[i % 2]))
+    ones, zeros = fg.ones(8, 1), fg.zeros(8, 1)
+    if i % 2 == 0:   # the discriminator's step
+      loss = F.binary_cross_entropy_with_logits(d(fg.tensor(real)), ones) + \
+        F.binary_cross_entropy_with_logits(d(fake.detach()), zeros)
+      opts[1].zero_grad()
+      loss.backward()
+      opts[1].step()
+    else:            # the generator's
+      loss = F.binary_cross_entropy_with_logits(d(fake), ones)
+      opts[0].zero_grad()
+      loss.backward()
+      opts[0].step()
+    return [np.float32(loss.item())]
+  off, on, d = _run_both(traced, make, 14, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 8 and d["records"] <= 6, (d, list(trace.why))
+
+
+def test_a_step_that_reads_a_value_every_third_time(traced, rng):
+  """A step that logs its gradient norm in the middle every third step (a realize the others do not have): the two
+  variants become two branches of one family, both replayed."""
+  xs = [rng.standard_normal((8, 12), dtype=np.float32) for _ in range(3)]
+  ys = [rng.integers(0, 5, 8) for _ in range(3)]
+  def body(m, opt, i):
+    loss = F.cross_entropy(m(fg.tensor(xs[i % 3])), fg.tensor(ys[i % 3]))
+    opt.zero_grad()
+    loss.backward()
+    norm = fg.nn.utils.clip_grad_norm_(m.parameters(), 10.0)
+    seen = float(norm.item()) if i % 3 == 0 else 0.0
+    opt.step()
+    return [np.float32(loss.item()), np.float32(seen)]
+  off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.05, momentum=0.9), 15, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 10, (d, list(trace.why))
 
 
 class _Block(nn.Module):
@@ -291,9 +340,8 @@ def test_gradient_clipping_replays_bitwise(traced, rng):
     opt.step()
     return [np.float32(loss.item()), norm.numpy(), m[0].weight.grad.numpy().copy()]
   off, on, d = _run_both(traced, _mlp(fg.optim.AdamW, lr=1e-2), 8, body)
-  # losses and parameters bitwise; the norm and a gradient read after the step are computed again then (their
-  # graph alone, not fused with the step's kernels: float reassociation)
+  # losses and parameters bitwise; the norm and a gradient read after the step are the values the step computed
+  # where its plan kept them (`_exact`), else computed again then (their graph alone: float reassociation)
   _assert_same([r[:1] for r in off[:-1]] + off[-1:], [r[:1] for r in on[:-1]] + on[-1:])
-  for x, y in zip(off[:-1], on[:-1]):
-    for u, v in zip(x[1:], y[1:]): np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
-  assert d["replays"] >= 4 and d["late"] <= 3, (d, list(trace.why))
+  _close([r[1:] for r in off[:-1]], [r[1:] for r in on[:-1]])
+  assert d["replays"] >= 4, (d, list(trace.why))

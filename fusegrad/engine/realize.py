@@ -225,10 +225,11 @@ class Prepared:
   made once (Device.prepare_batch), with its Params' values, which a trace fixes; the outputs no replay hands out
   (the step's intermediates) are buffers of its own, allocated once (up to OWN_BYTES in all), as a fusegrad.jit
   capture's are; a replay allocates the outputs it hands out and patches their and its inputs' addresses in."""
-  __slots__ = ("width", "batches", "outs", "n_in")
+  __slots__ = ("width", "batches", "outs", "n_in", "gen")
 
   def __init__(self, plan: Plan, nodes: list, inputs: list, handed: set):
     self.width = config.BEAM
+    self.gen = 0           # launches so far (whose intermediates the own buffers hold: the last one's)
     self.n_in = len(inputs)
     at = {p: k for k, p in enumerate(inputs)}
     specs = [(dev, size, dtype) for dev, _k, outs, _r, _v, _l in plan.steps for _i, size, dtype in outs]
@@ -289,6 +290,7 @@ class Prepared:
     handles = [b.handle for b in ins]
     handles += [b.handle for b, o in zip(made, self.outs) if b is not o]
     for dev, batch in self.batches: dev.run_prepared(batch, handles)
+    self.gen += 1
     sched.stats["replays"] += 1
     return made
 

@@ -44,15 +44,11 @@ from fusegrad.graph import template
 
 
 ENABLED = config.TRACE
-_MAX = 16                    # traces kept (least recently used out)
-_MISSES = 2                  # replays of one trace that deviate in a row before it is recorded again
+_MAX = 16                    # trace families kept (least recently used out)
+_BRANCHES = 4                # traces kept per family (least recently replayed out)
 _DROPS = 3                   # traces of one start dropped so before that start is left eager
 _dropped: dict = {}          # the first event's key -> traces of it dropped
-_traces: "collections.OrderedDict[tuple, Trace]" = collections.OrderedDict()
-# the first event's key -> the results a replay left as placeholders that were needed after its step (a gradient
-# norm, logits for an accuracy): the next recording makes them targets too, so replays hand them out
-_wanted: "collections.OrderedDict[tuple, set]" = collections.OrderedDict()
-_WANTED = 16                 # results wanted per start, at most
+_traces: "collections.OrderedDict[tuple, _Family]" = collections.OrderedDict()   # the first event's key -> family
 stats = {"replays": 0, "records": 0, "deviations": 0, "events": 0, "late": 0}   # late: placeholders made after a step
 why: "collections.deque[str]" = collections.deque(maxlen=32)   # the latest reasons a segment was not replayed
 _seg: list = [None]          # the segment in progress (the main thread's)
@@ -93,15 +89,53 @@ class _Stand:
 
 class Trace:
   """A recorded segment: its events, the realize's plan, where the plan's inputs come from, its targets."""
-  __slots__ = ("events", "plan", "size", "inputs", "stands", "targets", "outs", "misses", "prepared")
+  __slots__ = ("events", "plan", "size", "inputs", "stands", "targets", "outs", "prepared", "slot_out")
 
-  def __init__(self, events, plan, size, inputs, stands, targets, outs):
+  def __init__(self, events, plan, size, inputs, stands, targets, outs, slot_out):
     self.events, self.plan, self.size = events, plan, size
     self.inputs, self.stands = inputs, stands   # [(pos, source: see _source)] (a pos once), [(pos, stand or node)]
     self.targets = targets                      # sorted idents: ("S", slot) a result, ("W", write) a written tensor
     self.outs = outs                            # ident -> ("out", buffer index, shape, dtype, device) / ("in", source) / ("node", n)
-    self.misses = 0
     self.prepared = None                        # the plan made ready for these replays (realize.Prepared)
+    self.slot_out = slot_out                    # slot -> the plan's output (buffer index) that holds its value
+
+
+class _Family:
+  """The traces of one first event, most recently replayed first: branches that share their first events and then
+  differ (a GAN's two steps, both starting with the generator's forward; a step that reads a value every k steps).
+  A replay that meets a call its trace did not record goes on along a branch with the same events so far; where
+  none has it, the step goes on recording a new branch (`deviate`)."""
+  __slots__ = ("traces",)
+
+  def __init__(self): self.traces: list = []
+
+  def add(self, key, tr: Trace) -> None:
+    """A new recording: it replaces a branch of the same events, or is added (the least recently replayed branch
+    beyond _BRANCHES is dropped, and counted: a start that keeps changing is left eager)."""
+    sig = [e.key for e in tr.events]
+    self.traces = [t for t in self.traces if [e.key for e in t.events] != sig]
+    self.traces.insert(0, tr)
+    if len(self.traces) > _BRANCHES:
+      self.traces.pop()
+      _dropped[key] = _dropped.get(key, 0) + 1
+
+
+def _same_events(a: tuple, b: tuple) -> bool:
+  """Are events a and b (of two branches) the same? (the key, and what a replay checks beside it)"""
+  return a is b or (a.key == b.key and a.check == b.check and a.leaves == b.leaves)
+
+
+def _branch(seg, pred) -> bool:
+  """Another trace of the segment's family with the same events so far whose continuation pred accepts: the replay
+  goes on along it (True)."""
+  fam, tr, pos = seg.fam, seg.trace, seg.pos
+  if fam is None: return False
+  for t2 in fam.traces:
+    if t2 is not tr and len(t2.events) >= pos and pred(t2) and \
+       all(_same_events(a, b) for a, b in zip(tr.events[:pos], t2.events[:pos])):
+      seg.trace = t2
+      return True
+  return False
 
 
 class _Event:
@@ -126,11 +160,12 @@ class _PH:
 
 class Segment:
   """The calls since the last realize: recording (REC), replaying a trace (REP) or eager (OFF)."""
-  __slots__ = ("mode", "trace", "pos", "events", "done", "slots", "nslot", "ext", "ext_first", "t_first", "written",
-               "snodes", "views", "later", "hleaves", "hidden", "made", "viewers", "base_of", "__weakref__")
+  __slots__ = ("mode", "trace", "fam", "pos", "events", "done", "slots", "nslot", "ext", "ext_first", "t_first",
+               "written", "snodes", "views", "later", "hleaves", "hidden", "made", "viewers", "base_of", "launched",
+               "__weakref__")
 
   def __init__(self):
-    self.mode, self.trace, self.pos = REC, None, 0
+    self.mode, self.trace, self.fam, self.pos = REC, None, None, 0
     self.events: list = []     # (recording) the events
     self.done: list = []       # (replaying) per event reached: [event, its tensors, extra (a host call's results)]
     self.slots: dict = {}      # id(tensor) -> (slot, weakref): results of this segment's events
@@ -147,6 +182,7 @@ class Segment:
     self.made: dict = {}       # (replaying) slot -> weakref to the placeholder made for it
     self.viewers: dict = {}    # (replaying) slot -> weakrefs to placeholders that view its storage
     self.base_of: dict = {}    # (replaying) slot -> the slot whose storage it views
+    self.launched = None       # (replayed) (trace, its Prepared, the launch's count there, a backward freed the graph)
 
 
 # ---- keys ----------------------------------------------------------------------------------------------------------
@@ -235,7 +271,8 @@ def _ref(seg: Segment, t) -> tuple:
   if e is not None and e[1]() is t: return ("S", e[0])
   w = seg.written.get(id(t))
   if w is not None and w[1] is t: return ("W", w[0])
-  if t._trace is not None and not _has_node(t): raise Untraceable("a placeholder of an earlier segment")
+  if t._trace is not None and not _has_node(t) and not _exact(t):   # (an earlier step's value, as it computed it)
+    raise Untraceable("a placeholder of an earlier segment")
   return _external(seg, t)
 
 
@@ -333,11 +370,11 @@ def call(kind: str, fn, real, args: tuple, kwargs: dict):
       _leave(seg, str(e))
     return _run(real, args, kwargs)
   if seg.mode == REC and not seg.events:
-    tr = _traces.get(key)
-    if tr is not None:
+    fam = seg.fam = _traces.get(key)
+    if fam is not None:
       _traces.move_to_end(key)
-      seg.mode, seg.trace = REP, tr
-  if seg.mode == REP: return _replay(seg, key, real, args, kwargs, tensors)
+      if fam.traces: seg.mode, seg.trace = REP, fam.traces[0]
+  if seg.mode == REP: return _replay(seg, key, kind, spec, real, args, kwargs, tensors)
   stats["events"] += 1
   return _record(seg, key, kind, real, args, kwargs, tensors, spec)
 
@@ -357,7 +394,7 @@ def off(msg: str) -> None:
 
 
 def _leave(seg: Segment, msg: str) -> None:
-  if seg.mode == REP: deviate(seg, msg)
+  if seg.mode == REP: deviate(seg, msg, record=False)
   elif seg.mode == REC:
     _why(f"not recorded: {msg}")
     seg.mode = OFF
@@ -381,7 +418,8 @@ def drawn(g, n: int, device: str):
   if not _given_keys: return None
   gg, nn_, dev, keys = _given_keys.pop(0)
   if gg is not g or nn_ != n or dev != device: raise AssertionError("trace: a call made again drew differently")
-  return keys
+  Tensor = _m["Tensor"]
+  return keys if isinstance(keys, Tensor) else Tensor(_node=keys)   # (a replay keeps the keys' nodes)
 
 
 def check(fn):
@@ -507,12 +545,15 @@ def _note_write(seg: Segment, t, k: int, value) -> None:
   seg.written[id(t)] = (len(seg.written), t, k, value)
 
 
-def _replay(seg, key, real, args, kwargs, tensors):
-  tr = seg.trace
-  if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key:
-    deviate(seg, "another call than the recorded one" if seg.pos < len(tr.events) else "more calls than recorded")
-    return _run(real, args, kwargs)
-  ev = tr.events[seg.pos]
+def _replay(seg, key, kind, spec, real, args, kwargs, tensors):
+  tr, pos = seg.trace, seg.pos
+  if (pos >= len(tr.events) or tr.events[pos].key != key) and \
+     not _branch(seg, lambda t2: pos < len(t2.events) and t2.events[pos].key == key):
+    deviate(seg, "another call than the recorded one" if pos < len(tr.events) else "more calls than recorded")
+    if seg.mode != REC: return _run(real, args, kwargs)
+    stats["events"] += 1
+    return _record(seg, key, kind, real, args, kwargs, tensors, spec)
+  ev = seg.trace.events[pos]
   if ev.host:   # it checks values on the host: it runs for real, and the graph it made is compared
     out = _run(real, args, kwargs)
     outs: list = []
@@ -524,7 +565,7 @@ def _replay(seg, key, real, args, kwargs, tensors):
       check, leaves = _structure(news, tensors)
       if check != ev.check: raise Untraceable("a call reading the host made another graph")
     except Untraceable as e:
-      deviate(seg, str(e))
+      deviate(seg, str(e), record=False)   # (it ran: too late to record it)
       return out
     seg.pos += 1
     stats["events"] += 1
@@ -559,12 +600,13 @@ def _replay_event(seg, ev, real, args, kwargs, tensors):
   for j, _k, _meta_ in ev.writes:
     if not _pending_ok(seg, tensors[j], True):
       deviate(seg, "a write the trace does not follow")
-      return _run(real, args, kwargs)
+      if seg.mode != REC: return _run(real, args, kwargs)
+      return _record(seg, ev.key, ev.kind, real, args, kwargs, tensors, ev.spec)   # (its key is this call's)
   for fn, j, cargs in ev.checks:
     try:
       _run(fn, (tensors[j],) + cargs, {})
     except Exception:
-      deviate(seg, "a check of an input's values failed")
+      deviate(seg, "a check of an input's values failed", record=False)
       raise
   leaves = ()
   if ev.draws:
@@ -642,33 +684,36 @@ def on_write(t, r) -> bool:
     _leave(seg, str(e))
     return False
   k = key[2][1] if key[2][0] == "S" else None
+  if seg.mode == REP and not _at(seg, key): deviate(seg, "another write than the recorded one")
   if seg.mode == REC:
     seg.events.append(_Event(key, "write", None))
     _note_write(seg, t, k, r)
     return False
-  tr = seg.trace
-  if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key:
-    deviate(seg, "another write than the recorded one")
-    return False
-  seg.done.append([tr.events[seg.pos], [t, None if k is not None else r], None, ()])
+  if seg.mode != REP: return False
+  seg.done.append([seg.trace.events[seg.pos], [t, None if k is not None else r], None, ()])
   seg.pos += 1
   _note_write(seg, t, k, r)
   if not in_step[0]: _hide(seg, t, r)
   return True
 
 
+def _at(seg: Segment, key) -> bool:
+  """Is the replay's next event one of this key (on its trace, or on a branch it goes on along)?"""
+  tr, pos = seg.trace, seg.pos
+  return pos < len(tr.events) and tr.events[pos].key == key or \
+    _branch(seg, lambda t2: pos < len(t2.events) and t2.events[pos].key == key)
+
+
 def _const_write(seg: Segment, t, r) -> bool:
   """A constant written into a plain tensor (a batch norm's `num_batches_tracked += 1`, folded on the host): made now,
   in a replay too, whatever the value; a later call that reads the tensor keys it by its new value."""
   key = ("cwrite", t.dtype, t.shape, r.dtype, r.shape, _modes())
+  if seg.mode == REP and not _at(seg, key): deviate(seg, "another write than the recorded one")
   if seg.mode == REC:
     seg.events.append(_Event(key, "cwrite", None))
     return False
-  tr = seg.trace
-  if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key:
-    deviate(seg, "another write than the recorded one")
-    return False
-  seg.done.append([tr.events[seg.pos], [t, r], None, ()])
+  if seg.mode != REP: return False
+  seg.done.append([seg.trace.events[seg.pos], [t, r], None, ()])
   seg.pos += 1
   return False
 
@@ -680,6 +725,11 @@ def _rebind(seg: Segment, t, r, kt: int) -> bool:
     _leave(seg, "an in-place op with a value from outside the segment")
     return False
   key = ("rebind", kt, k, _modes())
+  if seg.mode == REP:
+    b = seg.base_of.get(kt)
+    if not _at(seg, key) or any(w() is not None for w in seg.viewers.get(kt, ())) or \
+       (b is not None and seg.made.get(b, _dead)() is not None):
+      deviate(seg, "another in-place op than the recorded one")
   if seg.mode == REC:
     # t must stand alone: no live view of it, and if it is itself a view (a gradient reshaped from another), its base
     # gone and no element repeated (an expanded view's write raises, as eager's does)
@@ -691,13 +741,8 @@ def _rebind(seg: Segment, t, r, kt: int) -> bool:
     seg.events.append(_Event(key, "rebind", None))
     seg.slots[id(t)] = (k, weakref.ref(t))
     return False      # (the write is made: t's value and recipe are r's)
-  tr = seg.trace
-  b = seg.base_of.get(kt)
-  if seg.pos >= len(tr.events) or tr.events[seg.pos].key != key or \
-     any(w() is not None for w in seg.viewers.get(kt, ())) or (b is not None and seg.made.get(b, _dead)() is not None):
-    deviate(seg, "another in-place op than the recorded one")
-    return False
-  seg.done.append([tr.events[seg.pos], [None, None], None, ()])
+  if seg.mode != REP: return False
+  seg.done.append([seg.trace.events[seg.pos], [None, None], None, ()])
   seg.pos += 1
   ph = r._trace
   t._trace = _PH(seg, k, (ph.shape, ph.dtype, ph.device, ph.leaf) if ph is not None else _meta(r))
@@ -744,17 +789,17 @@ def backward(t, retain_graph) -> bool:
     _leave(seg, "a backward from a tensor outside the segment")
     return False
   if seg.mode == REP:
-    tr = seg.trace
-    ev = tr.events[seg.pos] if seg.pos < len(tr.events) else None
-    olds = [] if ev is None else [seg.ext[i][0].grad for i, _k, _m_, _o in ev.leaves]
-    if ev is None or ev.key != key or not _olds_match(seg, olds, ev.leaves):
-      deviate(seg, "another backward than the recorded one")
-      return False
+    def fits(t2) -> bool:
+      ev = t2.events[seg.pos] if seg.pos < len(t2.events) else None
+      return ev is not None and ev.key == key and \
+        _olds_match(seg, [seg.ext[i][0].grad for i, _k, _m_, _o in ev.leaves], ev.leaves)
+    if not fits(seg.trace) and not _branch(seg, fits): deviate(seg, "another backward than the recorded one")
+  if seg.mode == REP:
+    ev = seg.trace.events[seg.pos]
+    olds = [seg.ext[i][0].grad for i, _k, _m_, _o in ev.leaves]
     seg.pos += 1
     seg.done.append([ev, olds, None, ()])
-    for i, k2, meta, o in ev.leaves:
-      g = seg.ext[i][0].grad = _placeholder(seg, k2, meta, False)
-      if o is not None and o[0] != "S": seg.later.append(weakref.ref(g))   # (as the recording: _accumulated)
+    for i, k2, meta, _o in ev.leaves: seg.ext[i][0].grad = _placeholder(seg, k2, meta, False)
     if t._trace is not None and t._trace.shape == (): seg.later.append(weakref.ref(t))
     return True
   written: list = []
@@ -767,21 +812,12 @@ def backward(t, retain_graph) -> bool:
   try:
     ev = _Event(key, "backward", None)
     leaves = []
-    lazy = False
     for leaf, old in written:   # (old: the .grad accumulated into, an earlier backward's or one from before)
       i = seg.t_first.get(id(leaf))
       if i is None or seg.ext[i][0] is not leaf: raise Untraceable("a backward reaching a leaf no call was given")
       g = leaf.grad
       if type(g) is not _m["Tensor"] or _slot_of(seg, g) is not None: raise Untraceable("a gradient of another kind")
-      o = None if old is None else _ref(seg, old)
-      leaves.append((i, _recorded_slot(seg, g), _meta(g), o))
-      # a gradient accumulated into one from before the segment will be accumulated into again: realized with the
-      # step (the next step's key then meets a realized gradient, not the graph of this one); one accumulated into
-      # a gradient not realized (the eager step before: its graph) is not recorded, since the next one will be
-      if o is not None and o[0] != "S":
-        _m["realize"].later(g)
-        lazy = lazy or o[0] == "X" and o[1][0] != "IN"
-    if lazy: raise Untraceable("a backward accumulating into a gradient not realized yet")
+      leaves.append((i, _recorded_slot(seg, g), _meta(g), None if old is None else _ref(seg, old)))
     ev.leaves = tuple(leaves)
     seg.events.append(ev)
   except Untraceable as e:
@@ -791,30 +827,53 @@ def backward(t, retain_graph) -> bool:
 
 def _olds_match(seg: Segment, olds: list, leaves: tuple) -> bool:
   """Are the leaves' .grad before a replayed backward those of the recording (none, or the same earlier result or
-  external: gradient accumulation)?"""
-  try:
-    return all(g is None if o is None else g is not None and _ref(seg, g) == o for g, (_i, _k, _m_, o) in zip(olds, leaves))
-  except Untraceable:
-    return False
+  external: gradient accumulation)? (the externals it keys are taken back when not)"""
+  if any((g is None) != (o is None) for g, (_i, _k, _m_, o) in zip(olds, leaves)): return False
+  return refs_match(seg, [g for g in olds if g is not None], tuple(o for *_x, o in leaves if o is not None))
 
 
 # ---- deviating: the events so far run for real --------------------------------------------------------------------
 
-def deviate(seg: Segment, msg: str) -> None:
-  """Leave the replay: the segment's events so far run for real, each placeholder adopting its real tensor."""
+def deviate(seg: Segment, msg: str, record: bool = True) -> None:
+  """Leave the replay: the segment's events so far run for real, each placeholder adopting its real tensor; then,
+  where the call, write, backward or realize that differed can be (record), the segment goes on recording a new
+  branch of its family from there (`_resume`), else eagerly."""
   if seg.mode != REP: return
   stats["deviations"] += 1
   _why(f"deviated at event {seg.pos}: {msg}")
   seg.mode = OFF
   _unhide(seg)
-  tr = seg.trace
-  tr.misses += 1
-  if tr.misses >= _MISSES:   # record this start again: the program's steps changed
-    for key, v in list(_traces.items()):
-      if v is tr:
-        del _traces[key]
-        _dropped[key] = _dropped.get(key, 0) + 1
-  _materialize(seg, live=True)
+  real = _materialize(seg, live=True)
+  key = seg.trace.events[0].key if seg.trace.events else None
+  if record and _dropped.get(key, 0) < _DROPS: _resume(seg, real)
+
+
+def _resume(seg: Segment, real: dict) -> None:
+  """After a deviation at event seg.pos, with the events so far made for real (real: slot -> tensor), the segment
+  records on, in the state a recording of those events would have left: a new branch sharing them."""
+  tr, pos = seg.trace, seg.pos
+  seg.events = list(tr.events[:pos])
+  seg.nslot = 1 + max((k for ev in seg.events for k in _new_slots(ev)), default=-1)
+  seg.snodes = {k: t.node for k, t in real.items() if t is not None and _has_node(t)}
+  seg.hleaves = [(i, d[3]) for i, d in enumerate(seg.done) if d[3]]
+  seg.written.clear()
+  for ev, tensors, _extra, _leaves in seg.done:   # the writes made, in order, as a recording notes them
+    if ev.kind == "write":
+      k = ev.key[2][1] if ev.key[2][0] == "S" else None
+      _note_write(seg, tensors[0], k, real[k] if k is not None else tensors[1])
+    for j, k, _m_ in ev.writes: _note_write(seg, tensors[j], k, real[k])
+  for _key, (_k, w) in list(seg.slots.items()):   # the results' methods are events again
+    t = w()
+    if t is not None and t._trace is None and type(t) is _m["Tensor"]: t.__class__ = _Traced
+  seg.done, seg.trace, seg.mode = [], None, REC
+  seg.made.clear()
+  seg.viewers.clear()
+  seg.base_of.clear()
+
+
+def _new_slots(ev) -> list:
+  """The slots an event made (its results, its writes' values, a backward's gradients)."""
+  return [s[0] for s in ev.news] + [w[1] for w in ev.writes] + [l[1] for l in ev.leaves]
 
 
 def _unhide(seg: Segment) -> None:
@@ -829,26 +888,51 @@ def _unhide(seg: Segment) -> None:
 _late = [False]    # a segment's calls are being made again after it: their writes were made then
 
 
-def _materialize(seg: Segment, live: bool) -> None:
+def _materialize(seg: Segment, live: bool) -> dict:
   """Run the replayed events again for real. live: inside the segment (writes and backward too, external inputs as
-  they are); otherwise after it (calls only, external inputs as they were at the call)."""
+  they are); otherwise after it (calls only, external inputs as they were at the call). Returns slot -> tensor."""
   autograd, alias, Tensor = _m["autograd"], _m["alias"], _m["Tensor"]
   real: dict = {}        # slot -> its real tensor
   phs = seg.made
   at_call: dict = {}
   for t, n, _b in seg.ext: at_call.setdefault(id(t), n)
 
-  def alive(k):
+  def alive(k):   # (the placeholder made for slot k, unless an in-place op made it stand for another since)
     w = phs.get(k)
     p = w() if w is not None else None
-    return p if p is not None and p._trace is not None else None
+    return p if p is not None and p._trace is not None and p._trace.slot == k else None
+
+  def known(k, meta):
+    """(after the step) slot k's value as the replay computed it: a placeholder it bound, or `_own_value`."""
+    w = phs.get(k)
+    p = w() if w is not None else None
+    if p is not None:
+      if _has_node(p) and p.node.buffer is not None: return p
+      return p if p._trace is not None and _exact(p) else None
+    n = _own_value(seg, k, meta)
+    return None if n is None else Tensor(_node=n)
+
+  def exact_node(k, meta):
+    w = phs.get(k)
+    p = w() if w is not None else None
+    if p is not None and _has_node(p) and p.node.buffer is not None: return p.node
+    return _own_value(seg, k, meta)
+
+  def shortcut(slots: list) -> bool:
+    """(after the step) the values of an event's results, none needing a gradient, as the replay computed them: the
+    event is not run again (its values would be computed anew: float reassociation)."""
+    if live or not slots or any(m[4] for _k, m in slots): return False
+    vals = [known(k, m) for k, m in slots]
+    if any(v is None for v in vals): return False
+    for (k, _m_), v in zip(slots, vals): real[k] = v
+    return True
 
   stand_in: dict = {}
 
   def arg(r, t):
     if r[0] == "S": return real[r[1]]
     if live or r[0] == "W": return t
-    n = at_call.get(id(t), t.node)
+    n = at_call[id(t)] if id(t) in at_call else t.node
     if t.node is n: return t
     w = stand_in.get(id(t))    # the value the calls read, once per tensor (a gradient reaches it)
     if w is None:
@@ -871,6 +955,7 @@ def _materialize(seg: Segment, live: bool) -> None:
         alias.write(t, real[ev.key[2][1]] if ev.key[2][0] == "S" else r)
       return
     if ev.kind == "backward":
+      if shortcut([(k, m) for _i, k, m, _o in ev.leaves]): return
       if not live:   # after the step: the gradients of the values the calls read, through the calls made again
         ins = [arg(("X",), seg.ext[i][0]) for i, _k, _m_, _o in ev.leaves]
         gs = autograd.grad([real[ev.key[1]]], ins, retain_graph=True, allow_unused=True)
@@ -879,8 +964,9 @@ def _materialize(seg: Segment, live: bool) -> None:
             if o[0] == "S" and o[1] not in real: return
             base = arg(o, old)
             g = base if g is None else base + g
+          if g is None: continue   # (not reached: what reads it is not made either)
           p = alive(k)
-          if p is not None and g is not None: _adopt(p, g)
+          if p is not None: _adopt(p, g)
           real[k] = p if p is not None else g
         return
       leaves = [seg.ext[i][0] for i, _k, _m_, _o in ev.leaves]
@@ -898,6 +984,7 @@ def _materialize(seg: Segment, live: bool) -> None:
       for o, (k, *_x) in zip(extra, ev.news): real[k] = o
       return
     if ev.kind == "update" and not live: return   # (an optimizer's update: its results are no one's after the step)
+    if not ev.writes and shortcut([(k, m) for k, m, *_x in ev.news]): return
     if not live and any(r[0] == "S" and r[1] not in real for r in ev.key[3]): return   # (reads one of those)
     xs = [arg(r, t) for r, t in zip(ev.key[3], tensors)]
     spec = ev.spec
@@ -908,7 +995,10 @@ def _materialize(seg: Segment, live: bool) -> None:
     form, refs = ev.form
     for r, o in zip(refs, outs):
       if r[0] != "new": continue
-      k = ev.news[r[1]][0]
+      k, meta = ev.news[r[1]][:2]
+      if not live and o._alias is None:   # (after the step) its value as the step computed it, its recipe made anew
+        n = exact_node(k, meta)
+        if n is not None: o.node = n
       p = alive(k)
       if p is not None and p is not o: _adopt(p, o)
       real[k] = p if p is not None else o
@@ -930,8 +1020,13 @@ def _materialize(seg: Segment, live: bool) -> None:
     _depth[0] -= 1
     _late[0] = False
     _given_keys.clear()
+  for _key, (k, w) in list(seg.slots.items()):   # a tensor an in-place op made stand for a slot: its real tensor
+    p = w()
+    r = real.get(k)
+    if p is not None and p._trace is not None and r is not None and r is not p and not _has_node(p): _adopt(p, r)
   seg.views.clear()
   if not live: _forget(seg)
+  return real
 
 
 def _adopt(p, r) -> None:
@@ -949,31 +1044,42 @@ def _adopt(p, r) -> None:
 
 
 def materialize(p) -> None:
-  """A placeholder's node is needed (Tensor.node of a _Traced): deviate its segment, or, after it, make it (and
-  have the trace recorded again with it among the targets: `_wanted`)."""
+  """A placeholder's node is needed (Tensor.node of a _Traced): deviate its segment, or, after it, make it (its value
+  as the step computed it where the trace's buffers still hold it: `_exact`; else by making the calls again)."""
   seg = p._trace.seg
   if _seg[0] is seg and seg.mode == REP: deviate(seg, "a placeholder's node was needed")
   else:
+    if _exact(p): return
     stats["late"] += 1
-    _want(seg.trace, p._trace.slot)
     _materialize(seg, live=False)
   if p._trace is not None:
     raise RuntimeError("fusegrad: a result of a replayed step cannot be made again after the step (the optimizer "
                        "update that made it wrote its state); please report this")
 
 
-def _want(tr, k: int) -> None:
-  """Result k of trace tr was needed after a replay: tr is dropped, and its next recording realizes k too."""
-  if tr is None or not tr.events or k < 0: return
-  key = tr.events[0].key
-  w = _wanted.setdefault(key, set())
-  _wanted.move_to_end(key)
-  if len(_wanted) > 4 * _MAX: _wanted.popitem(last=False)
-  if k in w or len(w) >= _WANTED: return
-  w.add(k)
-  if _traces.get(key) is tr:
-    del _traces[key]
-    _why(f"recorded again: a result its replay did not make (slot {k}) was needed after the step")
+def _own_value(seg: Segment, k: int, meta):
+  """Slot k's value as the last replay of seg computed it into a buffer of the trace's own (an intermediate: a
+  gradient the step's realize did not ask for), the trace not run since: a node of a copy of that buffer, or None."""
+  if seg.launched is None: return None
+  tr, run, gen, _freed = seg.launched
+  j = tr.slot_out.get(k)
+  if j is None or run.gen != gen or run is not tr.prepared: return None
+  b = run.outs[j]
+  if type(b) is not _m["rd"].Buffer: return None
+  copy = _m["rd"].Buffer(b.device, b.size, b.dtype)
+  if b.size: copy.copyin(b.numpy())
+  return _m["gn"].buffer_node(copy, meta[1], meta[0], meta[2])
+
+
+def _exact(p) -> bool:
+  """A placeholder of a replayed step needed after it: bound to its value as the step computed it (`_own_value`),
+  not to the calls made again (False where that value is gone)."""
+  seg, ph = p._trace.seg, p._trace
+  if _has_node(p): return False
+  node = _own_value(seg, ph.slot, (ph.shape, ph.dtype, ph.device))
+  if node is None: return False
+  _bind(p, node, seg.launched[3])
+  return True
 
 
 # ---- the realize that ends a segment -------------------------------------------------------------------------------
@@ -998,20 +1104,28 @@ def on_realize(tensors=None, nodes=None) -> bool:
     _end(seg)
     return False
   if seg.mode == REP:
-    tr = seg.trace
-    if seg.pos != len(tr.events) or idents != tr.targets:
-      _leave(seg, "another realize than the recorded one" if seg.pos == len(tr.events) else "fewer calls than recorded")
+    tr, pos = seg.trace, seg.pos
+    fits = lambda t2: len(t2.events) == pos and t2.targets == idents
+    if fits(tr) or _branch(seg, fits):
+      tr = seg.trace
+      fam = seg.fam
+      if fam.traces[0] is not tr: fam.traces.remove(tr); fam.traces.insert(0, tr)
+      _m["realize"]._later.clear()
+      seg.later.clear()
+      _launch(seg, tr)
+      _end(seg)
+      return True
+    deviate(seg, "another realize than the recorded one" if pos == len(tr.events) else "fewer calls than recorded")
+    if seg.mode != REC:
       _end(seg)
       return False
-    tr.misses = 0
-    _m["realize"]._later.clear()
-    seg.later.clear()
-    _launch(seg, tr)
-    _end(seg)
-    return True
-  if seg.events:   # results replays of this start left unmade that were needed after the step
-    want = _wanted.get(seg.events[0].key, ())
-    order += sorted(("S", k) for k in want if k in seg.snodes and ("S", k) not in order)
+    try:
+      order = _targets(seg, tensors, nodes)
+      idents = tuple(sorted(order))
+    except Untraceable as e:
+      _leave(seg, str(e))
+      _end(seg)
+      return False
   written = {v[0]: v[1] for v in seg.written.values()}
   nodes_all = [seg.snodes[i[1]] if i[0] == "S" else written[i[1]].node for i in order]
   entry, walked = _m["realize"].realize_nodes(nodes_all)
@@ -1019,8 +1133,10 @@ def on_realize(tensors=None, nodes=None) -> bool:
     if not seg.events: raise Untraceable("no calls")
     tr = _trace_of(seg, entry, walked, idents, order, nodes_all)
     key = seg.events[0].key
-    if _dropped.get(key, 0) >= _DROPS: raise Untraceable("its steps deviated from their traces again and again")
-    _traces[key] = tr
+    if _dropped.get(key, 0) >= _DROPS: raise Untraceable("its steps changed again and again")
+    fam = _traces.get(key)
+    if fam is None: fam = _traces[key] = _Family()
+    fam.add(key, tr)
     _traces.move_to_end(key)
     if len(_traces) > _MAX: _traces.popitem(last=False)
     stats["records"] += 1
@@ -1095,7 +1211,8 @@ def _trace_of(seg: Segment, entry, walked: list, idents: tuple, order: list, nod
     elif id(n) in pos and pos[id(n)] in outpos: outs[ident] = ("out", outpos[pos[id(n)]], n.shape, n.dtype, n.device)
     elif not n.src and n.op in ("CONST", "IOTA") and n.buffer is None: outs[ident] = ("node", n)
     else: raise Untraceable(f"a target ({n.op} {list(n.shape)}) that the plan does not compute")
-  return Trace(tuple(seg.events), plan, len(walked), tuple(inputs), tuple(stands), idents, outs)
+  slot_out = {k: outpos[pos[id(n)]] for k, n in seg.snodes.items() if id(n) in pos and pos[id(n)] in outpos}
+  return Trace(tuple(seg.events), plan, len(walked), tuple(inputs), tuple(stands), idents, outs, slot_out)
 
 
 def _launch(seg: Segment, tr: Trace) -> None:
@@ -1112,6 +1229,7 @@ def _launch(seg: Segment, tr: Trace) -> None:
   phs: dict = {}   # slot -> the tensors that stand for it now (an in-place op makes a tensor stand for its result)
   for k, w in seg.slots.values(): phs.setdefault(k, []).append(w)
   freed = any(d[0].kind == "backward" and not d[0].key[2] for d in seg.done)
+  seg.launched = (tr, run, run.gen, freed)
   _depth[0] += 1     # (the writes below are the step's own, made now)
   try:
     _bind_all(seg, tr, made, phs, freed)
@@ -1306,11 +1424,12 @@ def install() -> None:
   from fusegrad import autograd, alias, dtype as dt
   from fusegrad.engine import jit, track, realize
   from fusegrad.graph import dims, node as gn
+  from fusegrad.runtime import device as rd
   from fusegrad.tensor import Tensor, _draw_keys
   from fusegrad.templates import _node_key, _spec, rebuild
   _m.update(spec=_spec, rebuild=rebuild, grad_state=autograd._state, node_slot=Tensor.node, autograd=autograd,
             alias=alias, dt=dt, jit=jit, track=track, realize=realize, dims=dims, gn=gn, Tensor=Tensor,
-            node_key=_node_key, draw_keys=lambda g, n, dev: _draw_keys(g, n, dev).node)
+            node_key=_node_key, draw_keys=lambda g, n, dev: _draw_keys(g, n, dev).node, rd=rd)
   _Traced = _make_traced()
   import fusegrad as fg
   for name in _FG_FUNCTIONS:   # fusegrad.cat, stack, where, the *_like factories, the indexing functions
