@@ -127,12 +127,12 @@ def _same_events(a: tuple, b: tuple) -> bool:
 
 def _branch(seg, pred) -> bool:
   """Another trace of the segment's family with the same events so far whose continuation pred accepts: the replay
-  goes on along it (True)."""
+  goes on along it (True). pred is asked last: it may key externals, which stay only where it accepts."""
   fam, tr, pos = seg.fam, seg.trace, seg.pos
   if fam is None: return False
   for t2 in fam.traces:
-    if t2 is not tr and len(t2.events) >= pos and pred(t2) and \
-       all(_same_events(a, b) for a, b in zip(tr.events[:pos], t2.events[:pos])):
+    if t2 is not tr and len(t2.events) >= pos and \
+       all(_same_events(a, b) for a, b in zip(tr.events[:pos], t2.events[:pos])) and pred(t2):
       seg.trace = t2
       return True
   return False
