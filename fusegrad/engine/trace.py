@@ -862,6 +862,8 @@ def _resume(seg: Segment, real: dict) -> None:
       k = ev.key[2][1] if ev.key[2][0] == "S" else None
       _note_write(seg, tensors[0], k, real[k] if k is not None else tensors[1])
     for j, k, _m_ in ev.writes: _note_write(seg, tensors[j], k, real[k])
+  for k, t in real.items():   # every result made (a gradient whose placeholder was gone too) is its slot's again
+    if t is not None and t._trace is None and _slot_of(seg, t) is None: seg.slots[id(t)] = (k, weakref.ref(t))
   for _key, (_k, w) in list(seg.slots.items()):   # the results' methods are events again
     t = w()
     if t is not None and t._trace is None and type(t) is _m["Tensor"]: t.__class__ = _Traced
