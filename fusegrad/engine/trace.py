@@ -89,15 +89,16 @@ class _Stand:
 
 class Trace:
   """A recorded segment: its events, the realize's plan, where the plan's inputs come from, its targets."""
-  __slots__ = ("events", "plan", "size", "inputs", "stands", "targets", "outs", "prepared", "slot_out")
+  __slots__ = ("events", "plan", "size", "inputs", "stands", "targets", "outs", "prepared", "slot_out", "ext_out")
 
-  def __init__(self, events, plan, size, inputs, stands, targets, outs, slot_out):
+  def __init__(self, events, plan, size, inputs, stands, targets, outs, slot_out, ext_out):
     self.events, self.plan, self.size = events, plan, size
     self.inputs, self.stands = inputs, stands   # [(pos, source: see _source)] (a pos once), [(pos, stand or node)]
     self.targets = targets                      # sorted idents: ("S", slot) a result, ("W", write) a written tensor
     self.outs = outs                            # ident -> ("out", buffer index, shape, dtype, device) / ("in", source) / ("node", n)
     self.prepared = None                        # the plan made ready for these replays (realize.Prepared)
     self.slot_out = slot_out                    # slot -> the plan's output (buffer index) that holds its value
+    self.ext_out = ext_out                      # (external place, output): a lazy external the plan computes
 
 
 class _Family:
@@ -1214,7 +1215,15 @@ def _trace_of(seg: Segment, entry, walked: list, idents: tuple, order: list, nod
     elif not n.src and n.op in ("CONST", "IOTA") and n.buffer is None: outs[ident] = ("node", n)
     else: raise Untraceable(f"a target ({n.op} {list(n.shape)}) that the plan does not compute")
   slot_out = {k: outpos[pos[id(n)]] for k, n in seg.snodes.items() if id(n) in pos and pos[id(n)] in outpos}
-  return Trace(tuple(seg.events), plan, len(walked), tuple(inputs), tuple(stands), idents, outs, slot_out)
+  # an external's lazy graph the plan computes (a fresh model's initial weights) is realized by an eager realize
+  # (its node keeps the buffer, and later steps read it): a replay does the same
+  ext_out, seen_n = [], set()
+  for i, (_t, n, _l) in enumerate(seg.ext):
+    if id(n) not in seen_n and id(n) in pos and pos[id(n)] in outpos:
+      seen_n.add(id(n))
+      ext_out.append((i, outpos[pos[id(n)]]))
+  return Trace(tuple(seg.events), plan, len(walked), tuple(inputs), tuple(stands), idents, outs, slot_out,
+               tuple(ext_out))
 
 
 def _launch(seg: Segment, tr: Trace) -> None:
@@ -1224,8 +1233,10 @@ def _launch(seg: Segment, tr: Trace) -> None:
     nodes: list = [None] * tr.size
     for pos, s in tr.stands: nodes[pos] = s
     run = tr.prepared = tr.plan.prepare(nodes, [pos for pos, _src in tr.inputs],
-                                        {how[1] for how in tr.outs.values() if how[0] == "out"})
+                                        {how[1] for how in tr.outs.values() if how[0] == "out"} |
+                                        {j for _i, j in tr.ext_out})
   made = run.launch([_source(seg, src).buffer for _pos, src in tr.inputs])
+  for i, j in tr.ext_out: _m["realize"]._set_result(seg.ext[i][1], made[j])
   stats["replays"] += 1
   _unhide(seg)
   phs: dict = {}   # slot -> the tensors that stand for it now (an in-place op makes a tensor stand for its result)
