@@ -23,16 +23,17 @@ writes are held pending (a written module buffer is hidden until the realize); r
 ops on results rebind them. The realize then checks its targets against the
 recorded ones, launches the plan on the externals' current buffers, and gives each target its result. The first
 thing that differs — another call, another argument, a value read on the host, an op the trace does not follow,
-anything that needs a placeholder's node — *deviates*: the segment's events so far are run again for real, in order,
-each placeholder adopting the real tensor it stands for, and the segment continues eagerly (nothing is lost but
-time). A placeholder still alive after its segment (an activation the caller kept) is made the same way when first
-used. A check of an input's values (`@check`: class indices in range) runs again in a replay; any other call that
+anything that needs a placeholder's node — goes on along another trace of the same first call with the same events
+so far (a family's branch), or else *deviates*: the segment's events so far are run again for real, in order, each
+placeholder adopting the real tensor it stands for, and the segment records on from there as a new branch (or
+continues eagerly where it cannot: nothing is lost but time). A placeholder still alive after its segment (an
+activation the caller kept) is its value as the step's plan kept it, or is made by running the calls again. A check of an input's values (`@check`: class indices in range) runs again in a replay; any other call that
 reads values on the host runs for real in a replay too, and the graph it made is compared with the recorded one.
 
 What keeps it safe: only calls the trace knows are pure are replayed; writes are followed only without grad mode,
 into tensors nobody views (an optimizer's step, a module's buffer written in its forward); a realize inside a call,
 an argument that is not a tensor or plain value, a lazy input of over 64 nodes built outside the trace, writes
-through views, gradient accumulation, runtime sizes, captures (`fusegrad.jit`), other threads and timing
+through views, runtime sizes, captures (`fusegrad.jit`), other threads and timing
 (`fusegrad.track`) leave the segment eager. docs/architecture.md "Checked traces"; FUSEGRAD_TRACE=0 turns it off.
 """
 from __future__ import annotations
