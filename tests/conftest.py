@@ -29,6 +29,21 @@ def device(request) -> str:
 
 
 @pytest.fixture
+def traced(monkeypatch):
+  """traced(flag): checked traces (engine/trace.py) on or off for the test, each run without recorded traces."""
+  from fusegrad.engine import trace
+
+  def on(flag: bool):
+    monkeypatch.setattr(trace, "ENABLED", flag)
+    trace._traces.clear()
+    trace._dropped.clear()
+    trace._seg[0] = None
+  yield on
+  trace._traces.clear()
+  trace._seg[0] = None
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
   # fresh inputs on every run; the seed is printed on failure so a run can be reproduced
   seed = int.from_bytes(os.urandom(4), "little")

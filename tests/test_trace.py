@@ -14,37 +14,7 @@ import fusegrad.nn as nn
 import fusegrad.nn.functional as F
 from fusegrad.engine import trace
 from nanogpt_model import GPTConfig, build
-
-
-@pytest.fixture
-def traced(monkeypatch):
-  """Traces on for the test (each run starts without recorded traces)."""
-  def on(flag: bool):
-    monkeypatch.setattr(trace, "ENABLED", flag)
-    trace._traces.clear()
-    trace._dropped.clear()
-    trace._seg[0] = None
-  yield on
-  trace._traces.clear()
-  trace._seg[0] = None
-
-
-def _stats() -> dict:
-  return dict(trace.stats)
-
-
-def _run_both(traced, make, steps: int, body):
-  """body(model, opt, i) -> list of numpy arrays, for traces off then on: (off results, on results, stats delta)."""
-  out = []
-  for flag in (False, True):
-    traced(flag)
-    fg.manual_seed(0)
-    model, opt = make()
-    before = _stats()
-    res = [body(model, opt, i) for i in range(steps)]
-    res.append([p.detach().numpy().copy() for p in model.parameters()])
-    out.append(res)
-  return out[0], out[1], {k: trace.stats[k] - before[k] for k in before}
+from trace_loops import run_both as _run_both, assert_same as _assert_same
 
 
 def _train(opt, loss) -> np.float32:
@@ -53,11 +23,6 @@ def _train(opt, loss) -> np.float32:
   loss.backward()
   opt.step()
   return np.float32(loss.item())
-
-
-def _assert_same(a, b):
-  for x, y in zip(a, b):
-    for u, v in zip(x, y): np.testing.assert_array_equal(u, v)
 
 
 def _close(a, b):
@@ -164,7 +129,7 @@ def test_check_on_a_replayed_input_still_raises(traced, rng):
     opt.step()
     return loss.item()
   for _ in range(4): step(rng.integers(0, 5, 8))
-  before = _stats()
+  before = dict(trace.stats)
   bad = rng.integers(0, 5, 8)
   bad[3] = 7
   with pytest.raises(IndexError, match="out of bounds"): step(bad)

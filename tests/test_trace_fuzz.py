@@ -23,6 +23,7 @@ import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as F
 from fusegrad.engine import trace
+from trace_loops import run_both as _both, assert_same as _same
 
 FAST = 40          # programs always run
 MORE = int(os.environ.get("FUSEGRAD_TRACE_FUZZ", "0"))   # programs more when asked for (seeds after those)
@@ -33,19 +34,6 @@ RTOL, ATOL = 1e-5, 1e-6   # for values computed again after a replayed step
 _EXCLUDED = {
   ("host_read", False),     # test_fuzz_loss_read_before_backward
 }
-
-
-@pytest.fixture
-def traced(monkeypatch):
-  """Traces on or off (each run starts without recorded traces)."""
-  def on(flag: bool):
-    monkeypatch.setattr(trace, "ENABLED", flag)
-    trace._traces.clear()
-    trace._dropped.clear()
-    trace._seg[0] = None
-  yield on
-  trace._traces.clear()
-  trace._seg[0] = None
 
 
 # ---- models --------------------------------------------------------------------------------------------------------
@@ -397,25 +385,6 @@ if MORE:
 
 
 # ---- failures the fuzzer found, minimized (remove the xfail mark once fixed) -----------------------------------------
-
-def _both(traced, make, steps: int, body) -> tuple:
-  """body(model, opt, i) -> list of arrays, with traces off then on, from the same seed: (off, on, stats delta)."""
-  out = []
-  for flag in (False, True):
-    traced(flag)
-    fg.manual_seed(0)
-    model, opt = make()
-    before = dict(trace.stats)
-    res = [body(model, opt, i) for i in range(steps)]
-    res.append([p.detach().numpy().copy() for p in model.parameters()])
-    out.append(res)
-  return out[0], out[1], {k: trace.stats[k] - before[k] for k in before}
-
-
-def _same(a, b):
-  for x, y in zip(a, b):
-    for u, v in zip(x, y): np.testing.assert_array_equal(u, v)
-
 
 def _mlp(opt_cls, drop: float = 0.0, **kw):
   def make():

@@ -526,38 +526,21 @@ class _Capture:
 
 
 def _prepare_items(items: list, subs: list) -> list:
-  """A capture's items with each run of consecutive kernels of one device made ready to launch at once (Device.
-  prepare_batch): ("run", device, batch); a buffer in subs (id(buffer) of those a replay substitutes: arguments,
+  """A capture's items with each run of consecutive kernels of one device made ready to launch at once
+  (device.Batches): ("run", device, batch); a buffer in subs (id(buffer) of those a replay substitutes: arguments,
   states, fresh results) is patched in by its place there."""
+  from fusegrad.runtime import device as rd
   at = {b: k for k, b in enumerate(subs)}
   out: list = []
-  launches: list = []
-  patches: list = []
-  bdev = None
-
-  def flush():
-    if launches: out.append(("run", bdev, bdev.prepare_batch(list(launches), list(patches))))
-    launches.clear()
-    patches.clear()
-
+  batches = rd.Batches()
   for item in items:
     if item[0] != "kernel":
-      flush()
+      out += [("run", dev, b) for dev, b in batches.end()]
       out.append(item)
       continue
     _, dev, program, kernel, _src, bufs, params = item
-    if dev is not bdev:
-      flush()
-      bdev = dev
-    handles = []
-    for j, b in enumerate(bufs):
-      if id(b) in at:
-        patches.append((len(launches), j, at[id(b)]))
-        handles.append(None)
-      else: handles.append(b.handle)
-    launches.append((program, kernel, handles + list(params)))
-  flush()
-  return out
+    batches.add(dev, program, kernel, [rd.Slot(at[id(b)]) if id(b) in at else b.handle for b in bufs] + list(params))
+  return out + [("run", dev, b) for dev, b in batches.end()]
 
 
 def _owned_node(s: _State, i: int, t):

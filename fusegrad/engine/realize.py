@@ -244,43 +244,25 @@ class Prepared:
       else:
         src[j] = self.n_in + len(src)
         self.outs.append((dev, size, dtype))
-    self.batches: list = []
-    launches: list = []
-    patches: list = []
-    bdev = None
+    def out(i):   # output i: its own buffer, or a replay's
+      b = self.outs[i]
+      return b.handle if type(b) is rd.Buffer else rd.Slot(src[i])
+
+    batches = rd.Batches()
     j = 0
-
-    def flush():
-      if launches: self.batches.append((bdev, bdev.prepare_batch(list(launches), list(patches))))
-      launches.clear()
-      patches.clear()
-
     for dev, k, outs, refs, vals, _last in plan.steps:
       first, j = j, j + len(outs)
       if k is None: continue
-      if dev is not bdev:
-        flush()
-        bdev = dev
       c = dev.compiled(k)
-      handles: list = []
-      args = [("out", first + x) for x in range(len(outs))] + [("out", ~i) if i < 0 else ("in", i) for i in refs]
-      for a, (what, i) in enumerate(args):
-        if what == "out":
-          b = self.outs[i]
-          if type(b) is rd.Buffer: handles.append(b.handle)
-          else:
-            handles.append(None)
-            patches.append((len(launches), a, src[i]))
-        elif i in at:
-          handles.append(None)
-          patches.append((len(launches), a, at[i]))
-        else: handles.append(nodes[i].buffer.handle)   # a buffer the recording read that is no input (a cached mask)
+      # (an input that is no input of the replay: a buffer the recording read on its own, a cached mask)
+      args = [out(i) for i in range(first, j)] + \
+             [out(~i) if i < 0 else rd.Slot(at[i]) if i in at else nodes[i].buffer.handle for i in refs]
       if vals:
         values = [p.value if type(p) is Fixed else (nodes[p].arg.offset if nodes[p].op == "VIEW" else nodes[p].arg)
                   for p in vals]
-        handles += dev.param_handles(k, values)
-      launches.append((c.program, c.kernel, handles))
-    flush()
+        args += dev.param_handles(k, values)
+      batches.add(dev, c.program, c.kernel, args)
+    self.batches = batches.end()
 
   def launch(self, ins: list) -> list:
     """Launch with these input buffers (in the order of Plan.prepare's inputs); the output buffers, in the

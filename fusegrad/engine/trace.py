@@ -1100,13 +1100,9 @@ def on_realize(tensors=None, nodes=None) -> bool:
     _leave(seg, "a capture or a tracker")
     _end(seg)
     return False
-  try:
-    order = _targets(seg, tensors, nodes)
-    idents = tuple(sorted(order))
-  except Untraceable as e:
-    _leave(seg, str(e))
-    _end(seg)
-    return False
+  order = _targets_or_end(seg, tensors, nodes)
+  if order is None: return False
+  idents = tuple(sorted(order))
   if seg.mode == REP:
     tr, pos = seg.trace, seg.pos
     fits = lambda t2: len(t2.events) == pos and t2.targets == idents
@@ -1123,13 +1119,9 @@ def on_realize(tensors=None, nodes=None) -> bool:
     if seg.mode != REC:
       _end(seg)
       return False
-    try:
-      order = _targets(seg, tensors, nodes)
-      idents = tuple(sorted(order))
-    except Untraceable as e:
-      _leave(seg, str(e))
-      _end(seg)
-      return False
+    order = _targets_or_end(seg, tensors, nodes)   # (a recording's: the written tensors as it knows them)
+    if order is None: return False
+    idents = tuple(sorted(order))
   written = {v[0]: v[1] for v in seg.written.values()}
   nodes_all = [seg.snodes[i[1]] if i[0] == "S" else written[i[1]].node for i in order]
   entry, walked = _m["realize"].realize_nodes(nodes_all)
@@ -1148,6 +1140,16 @@ def on_realize(tensors=None, nodes=None) -> bool:
     _why(f"not recorded: {e}")
   _end(seg)
   return True
+
+
+def _targets_or_end(seg: Segment, tensors, nodes):
+  """`_targets`, or None when the segment cannot follow them: it is left to eager and ended."""
+  try:
+    return _targets(seg, tensors, nodes)
+  except Untraceable as e:
+    _leave(seg, str(e))
+    _end(seg)
+    return None
 
 
 def _targets(seg: Segment, tensors, nodes) -> tuple:

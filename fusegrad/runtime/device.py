@@ -154,6 +154,41 @@ def param_blocks(kernels: list) -> list:
 def param_block(dtypes: tuple, values: list) -> np.ndarray: return param_blocks([(dtypes, values)])[0]
 
 
+class Slot(int):
+  """A launch argument that each run of a prepared batch takes from its handles (by this place among them)."""
+
+
+class Batches:
+  """Launches made ready to run again and again (a checked trace's plan, a fusegrad.jit capture): each run of
+  consecutive launches on one device becomes one prepared batch (Device.prepare_batch); an argument given as a Slot
+  is patched in from run_prepared's handles."""
+
+  def __init__(self):
+    self.runs: list = []
+    self._dev, self._launches, self._patches = None, [], []
+
+  def add(self, dev, program, kernel, args: list) -> None:
+    if dev is not self._dev: self._close()
+    self._dev = dev
+    handles = []
+    for a, x in enumerate(args):
+      if type(x) is Slot:
+        self._patches.append((len(self._launches), a, int(x)))
+        x = None
+      handles.append(x)
+    self._launches.append((program, kernel, handles))
+
+  def _close(self) -> None:
+    if self._launches: self.runs.append((self._dev, self._dev.prepare_batch(self._launches, self._patches)))
+    self._dev, self._launches, self._patches = None, [], []
+
+  def end(self) -> list:
+    """The runs made since the last end, [(device, prepared batch)], the one in progress closed."""
+    self._close()
+    runs, self.runs = self.runs, []
+    return runs
+
+
 @dataclass(frozen=True)
 class Compiled:
   """A canonical kernel made ready for a device: its program, its source (or listing text), the optimized
