@@ -361,9 +361,10 @@ class Tensor:
 
   def _alu(self, op: str, *others, dtype: DType | None = None, out: DType | None = None) -> "Tensor":
     """Apply a primitive op with PyTorch's promotion and broadcasting; `dtype` forces the compute dtype."""
-    if dtype is None and out is None and len(others) == 1:
+    if out is None and len(others) == 1 and (dtype is None or dtype is self.node.dtype):
       # the common cases without the general machinery: two tensors of one dtype, shape and device, or a float
-      # tensor and a Python number (a constant of the tensor's dtype and shape)
+      # tensor and a Python number (a constant of the tensor's dtype and shape); a compute dtype that is the
+      # tensor's own changes neither
       o, n = others[0], self.node
       if type(o) is Tensor:
         on = o.node
@@ -455,6 +456,10 @@ class Tensor:
     return self._alu("NOT")
   def relu(self):
     if self.dtype.is_bool: raise RuntimeError("Boolean inputs not supported for relu")
+    n = self.node
+    if n.dtype.is_float:   # where(x <= 0, 0, x) in nodes: the same graph without its Tensors (a third of the time)
+      z = gn.const(0, n.dtype, n.shape, n.device)
+      return self._prim("RELU", None, gn.alu("WHERE", gn.alu("CMPLE", n, z), z, n))
     with autograd.no_grad():
       out = where(self <= 0, 0, self)   # NaN stays NaN; the gradient at 0 is 0, as PyTorch's
     # its own rule reads the output (out > 0 exactly where x > 0): the input is then needed by nothing but the
@@ -463,10 +468,15 @@ class Tensor:
   @_float32_inside
   def sigmoid(self):
     x = self._cast(self._float_dtype())
-    with autograd.no_grad():   # its own gradient rule, out * (1 - out): stable for any x
-      e = (-x.abs()).exp()      # never overflows: exp(-|x|) <= 1
-      out = where(x >= 0, (1 + e).reciprocal(), e / (1 + e))   # e / (1 + e) keeps sigmoid(-100) = 3.7e-44
-    return x._prim("SIGMOID", None, out.node)
+    # its own gradient rule, out * (1 - out): stable for any x. e = exp(-|x|) never overflows; where(x >= 0,
+    # 1 / (1 + e), e / (1 + e)): e / (1 + e) keeps sigmoid(-100) = 3.7e-44 (built as nodes: what the Tensor ops
+    # would make, without their Tensors, promotion and recipes)
+    n = x.node
+    d, sh, dev = n.dtype, n.shape, n.device
+    e = gn.alu("EXP", gn.alu("NEG", gn.alu("ABS", n)))
+    ope = gn.alu("ADD", gn.const(1, d, sh, dev), e)
+    out = gn.alu("WHERE", gn.alu("CMPLE", gn.const(0, d, sh, dev), n), gn.alu("RECIP", ope), gn.alu("DIV", e, ope))
+    return x._prim("SIGMOID", None, out)
   @_float32_inside
   @templated
   def silu(self): return self * self.sigmoid()
@@ -629,9 +639,15 @@ class Tensor:
   def gt(self, other): return _rev(other, self)._alu("CMPLT", self) if isinstance(other, Tensor) else self._gt_scalar(other)
   def ge(self, other): return _rev(other, self)._alu("CMPLE", self) if isinstance(other, Tensor) else self._ge_scalar(other)
   def _gt_scalar(self, other):
+    n = self.node
+    if n.dtype.is_float and type(other) in _PLAIN_NUMBER:   # the graph below, as nodes
+      return Tensor(_node=gn.alu("CMPLT", gn.const(other, n.dtype, n.shape, n.device), n))
     d = _result_type(self, other)
     return self._operand(other, d)._broadcast_to(self.shape)._alu("CMPLT", self._cast(d), dtype=d)
   def _ge_scalar(self, other):
+    n = self.node
+    if n.dtype.is_float and type(other) in _PLAIN_NUMBER:
+      return Tensor(_node=gn.alu("CMPLE", gn.const(other, n.dtype, n.shape, n.device), n))
     d = _result_type(self, other)
     return self._operand(other, d)._broadcast_to(self.shape)._alu("CMPLE", self._cast(d), dtype=d)
   def logical_and(self, other): return self._cast(dt.bool_)._alu("AND", _as_bool(other, self))
@@ -651,10 +667,23 @@ class Tensor:
   def where(self, condition, other): return where(condition, self, other)
   def clamp(self, min=None, max=None):
     if min is None and max is None: raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
-    # selects, not maximum/minimum: the gradient is 1 on [min, max] inclusive, as PyTorch's, and NaN stays
+    # selects, not maximum/minimum: the gradient is 1 on [min, max] inclusive, as PyTorch's, and NaN stays; a NaN
+    # bound gives NaN, as PyTorch's (a comparison with it is false: it is selected explicitly)
+    n = self.node
+    if n.dtype.is_float and type(min) in _PLAIN_BOUND and type(max) in _PLAIN_BOUND:
+      # the graph the selects below make, as nodes: where(x < min, min, x), then where(max < x, max, x)
+      out = self
+      for v, lo in ((min, True), (max, False)):
+        if v is None: continue
+        x, c = out.node, gn.const(v, n.dtype, n.shape, n.device)
+        cond = gn.const(True, dt.bool_, n.shape, n.device) if v != v else \
+            gn.alu("CMPLT", x, c) if lo else gn.alu("CMPLT", c, x)
+        out = out._prim("ALU", "WHERE", gn.alu("WHERE", cond, c, x), Tensor(_node=cond), Tensor(_node=c), out)
+      return out
     out = self
-    if min is not None: out = where(out < min, min, out)
-    if max is not None: out = where(out > max, max, out)
+    nan = lambda b: b.isnan() if isinstance(b, Tensor) else b != b
+    if min is not None: out = where((out < min) | nan(min), min, out)
+    if max is not None: out = where((out > max) | nan(max), max, out)
     return out
   clip = clamp
   def clamp_min(self, min): return self.clamp(min=min)
@@ -858,6 +887,7 @@ class Tensor:
     dim, keepdim, unbiased = _var_args(dim, args, keepdim, unbiased)
     v, m = self._var_mean(dim, keepdim, correction, unbiased)
     return _sqrt0(v), m
+  @templated    # a dozen ops: recorded once per input structure
   def _arg(self, op: str, dim, keepdim: bool, name: str) -> "Tensor":
     self._check_nonempty(name, dim)
     if self.ndim == 0:   # a 0-d tensor takes dim 0 or -1, as in PyTorch: its one element is at index 0
@@ -1268,6 +1298,10 @@ def _half_in_float32(fn, *ts) -> Tensor:
   return fn(*[t._cast(dt.float32) for t in ts])._cast(d)
 
 
+_PLAIN_NUMBER = (builtins.int, builtins.float)   # scalars that ops build as nodes directly take their tensor's dtype
+_PLAIN_BOUND = (type(None), *_PLAIN_NUMBER)
+
+
 def _rev(o, like: Tensor) -> Tensor:
   """A reflected operand as a tensor of the promoted dtype (for 2 - x and friends)."""
   if isinstance(o, Tensor): return o
@@ -1505,6 +1539,10 @@ def _host_bits(arr: np.ndarray, d: DType) -> np.ndarray:
 
 
 def where(condition, input, other) -> Tensor:
+  if type(condition) is Tensor and type(input) is Tensor and type(other) is Tensor:   # the common case, directly
+    c, a, b = condition.node, input.node, other.node
+    if c.dtype is dt.bool_ and a.dtype is b.dtype and c.shape == a.shape == b.shape and c.device == a.device == b.device:
+      return input._prim("ALU", "WHERE", gn.alu("WHERE", c, a, b), condition, input, other)
   like = next((t for t in (condition, input, other) if isinstance(t, Tensor)), None)
   if like is None: raise TypeError("where() needs at least one tensor argument")
   cond = condition if isinstance(condition, Tensor) else like._operand(condition, dt.bool_)

@@ -708,22 +708,32 @@ def _check_target_values(target: Tensor, C: int, ignore_index: int) -> None:
     if bad.size: raise IndexError(f"Target {bad.flat[0]} is out of bounds (number of classes {C}).")
 
 
-def _class_loss(logp: Tensor, target: Tensor, weight, ignore_index: int, reduction: str, label_smoothing: float,
-                name: str) -> Tensor:
-  """The nll of class-index targets over log-probabilities logp [N, C, *] (or [C]), with PyTorch's weighting,
-  ignore_index and label smoothing; one-hot selects (no gather) so it fuses with the log_softmax."""
-  if reduction not in ("mean", "sum", "none"): raise ValueError(f"{reduction} is not a valid value for reduction")
-  unbatched = logp.ndim == 1
-  if unbatched: logp, target = logp.unsqueeze(0), target.reshape(1)
-  N, C = logp.shape[:2]
-  if target.shape != (N,) + logp.shape[2:]:
-    if target.ndim and target.shape[0] != N:
-      raise ValueError(f"Expected input batch_size ({N}) to match target batch_size ({target.shape[0]}).")
-    raise RuntimeError(f"{name}: expected target of size {[N] + list(logp.shape[2:])}, got {list(target.shape)}")
+def _check_class_target(input: Tensor, target: Tensor, weight, ignore_index: int, name: str) -> None:
+  """The checks of class-index targets for scores input [N, C, *] (or [C]): shapes, then the indices' values where
+  the target exists already. Made before the templated loss (a value check reads the target on the host, which a
+  template cannot record)."""
+  _check_index(target, name)
+  if input.ndim < 1: raise ValueError(f"{name}: expected 1D or more input, got {list(input.shape)}")
+  shape, tshape = (input.shape, target.shape) if input.ndim > 1 else ((1,) + input.shape, (1,) if target.numel() == 1 else target.shape)
+  N, C = shape[:2]
+  if tshape != (N,) + shape[2:]:
+    if len(tshape) and tshape[0] != N:
+      raise ValueError(f"Expected input batch_size ({N}) to match target batch_size ({tshape[0]}).")
+    raise RuntimeError(f"{name}: expected target of size {[N] + list(shape[2:])}, got {list(target.shape)}")
   if weight is not None and weight.shape != (C,):
     raise RuntimeError(f"{name}: weight tensor should be defined either for all {C} classes or no classes but got "
                        f"weight tensor of shape: {list(weight.shape)}")
   _check_target_values(target, C, ignore_index)
+
+
+@templated
+def _class_loss(logp: Tensor, target: Tensor, weight, ignore_index: int, reduction: str, label_smoothing: float) -> Tensor:
+  """The nll of class-index targets over log-probabilities logp [N, C, *] (or [C]), with PyTorch's weighting,
+  ignore_index and label smoothing; one-hot selects (no gather) so it fuses with the log_softmax. The arguments are
+  checked (_check_class_target)."""
+  unbatched = logp.ndim == 1
+  if unbatched: logp, target = logp.unsqueeze(0), target.reshape(1)
+  C = logp.shape[1]
   extra = (1,) * (logp.ndim - 2)
   valid = target != ignore_index
   cls = fg.arange(C, device=logp.device).reshape(1, C, *extra)
@@ -739,29 +749,37 @@ def _class_loss(logp: Tensor, target: Tensor, weight, ignore_index: int, reducti
     elif reduction == "sum": out = (1 - label_smoothing) * nll.sum() + label_smoothing / C * sm.sum()
     else: out = (1 - label_smoothing) * nll + label_smoothing / C * sm
   elif reduction == "mean": out = nll.sum() / wt.sum()
-  elif reduction in ("sum", "none"): out = _reduce(nll, reduction)
+  else: out = _reduce(nll, reduction)
   return out.squeeze(0) if unbatched and reduction == "none" else out
 
 
 def nll_loss(input: Tensor, target: Tensor, weight=None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
-  _check_index(target, "nll_loss")
-  if input.ndim < 1: raise ValueError(f"nll_loss: expected 1D or more input, got {list(input.shape)}")
-  return _class_loss(input, target, weight, ignore_index, reduction, 0.0, "nll_loss")
+  if reduction not in ("mean", "sum", "none"): raise ValueError(f"{reduction} is not a valid value for reduction")
+  _check_class_target(input, target, weight, ignore_index, "nll_loss")
+  return _class_loss(input, target, weight, ignore_index, reduction, 0.0)
 
 
-@templated
 def cross_entropy(input: Tensor, target: Tensor, weight=None, ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
   if not 0.0 <= label_smoothing <= 1.0:
     raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
   if reduction not in ("mean", "sum", "none"): raise ValueError(f"{reduction} is not a valid value for reduction")
   if input.ndim < 1: raise ValueError(f"cross_entropy: expected 1D or more input, got {list(input.shape)}")
-  cdim = 0 if input.ndim == 1 else 1
-  logp = input.log_softmax(cdim)
   if isinstance(target, Tensor) and target.dtype.is_float:     # class probabilities
     if target.shape != input.shape:
       raise RuntimeError(f"cross_entropy: probability target of size {list(target.shape)} must match input size "
                          f"{list(input.shape)}")
+  else: _check_class_target(input, target, weight, ignore_index, "cross_entropy")
+  return _cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
+
+
+@templated
+def _cross_entropy(input: Tensor, target: Tensor, weight, ignore_index: int, reduction: str,
+                   label_smoothing: float) -> Tensor:
+  """cross_entropy of checked arguments."""
+  cdim = 0 if input.ndim == 1 else 1
+  logp = input.log_softmax(cdim)
+  if target.dtype.is_float:     # class probabilities
     C = input.shape[cdim]
     t = target * (1 - label_smoothing) + label_smoothing / C if label_smoothing > 0 else target
     terms = logp * t
@@ -769,8 +787,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight=None, ignore_index: int 
     loss = -terms.sum(cdim)
     if reduction == "mean": return loss.sum() / builtins.max(1, input.numel() // C)
     return _reduce(loss, reduction)
-  _check_index(target, "cross_entropy")
-  return _class_loss(logp, target, weight, ignore_index, reduction, label_smoothing, "cross_entropy")
+  return _class_loss(logp, target, weight, ignore_index, reduction, label_smoothing)
 
 
 @templated
