@@ -114,13 +114,19 @@ class OpenCLDevice(Device):
     """Scalar kernel arguments (the renderer declares each Param in its register type: a 16-bit float's is float)."""
     return [np.array(v, dtype=self._param_dtype(d))[()] for d, v in zip(kernel.params, values)]
 
-  def launch(self, program, kernel, handles: list) -> None:
+  def launch(self, program, kernel, handles: list) -> None: self.launch_batch([(program, kernel, handles)])
+
+  def launch_batch(self, launches: list) -> None:
+    """Enqueue the kernels, then flush the queue: the GPU starts on them now rather than at the next finish (NVIDIA's
+    driver holds enqueued work a while: a 2^28 elementwise call 0.93-0.97 -> 0.90 ms on an H100)."""
     with self._launch_lock:
-      if kernel.params and not getattr(program, "_fg_typed", False):
-        # declared scalar types let pyopencl pack the arguments directly (untyped scalars cost ~0.1 ms a launch)
-        program.set_scalar_arg_dtypes([None] * len(kernel.bufs) + [self._param_dtype(d) for d in kernel.params])
-        program._fg_typed = True
-      program(self.queue, (kernel.global_size,), kernel.local_size, *handles)
+      for program, kernel, handles in launches:
+        if kernel.params and not getattr(program, "_fg_typed", False):
+          # declared scalar types let pyopencl pack the arguments directly (untyped scalars cost ~0.1 ms a launch)
+          program.set_scalar_arg_dtypes([None] * len(kernel.bufs) + [self._param_dtype(d) for d in kernel.params])
+          program._fg_typed = True
+        program(self.queue, (kernel.global_size,), kernel.local_size, *handles)
+      self.queue.flush()
 
 
 def create() -> Device: return OpenCLDevice()

@@ -39,6 +39,10 @@ class Params:
   # a computed value broadcast by a view (or read at several indices) is recomputed for each read; past this many
   # ALU ops it gets a buffer of its own instead (randn feeding a matmul, say)
   recompute_ops: int = 6
+  # an elementwise value that several kernels would compute inline is stored past this many ALU ops (weighted as
+  # tile_operands weighs them): a recurrence's chain (an LSTM's cell state, its gradient) would otherwise grow
+  # with every step, each step's kernel recomputing all steps before it (quadratic scheduling and work)
+  share_ops: int = 64
   # a computed operand of a register-blocked kernel is recomputed once per block of rows (the column operand)
   # or of columns (the row operand): past this many blocks it is stored instead
   block_recompute: int = 16
@@ -96,7 +100,8 @@ def reason(rule: str, why: str) -> str:
 
 
 # names that start every cut's reason in the log (besides "requested": the caller asked for the node)
-RULES = ("boundary", "gather_source", "shared_reduction", "split_reduce", "chunk_reduce", "operand_layout",
+RULES = ("boundary", "gather_source", "shared_reduction", "shared_value", "split_reduce", "chunk_reduce",
+         "operand_layout",
          "nested_reduction",
          "broadcast_recompute",
          "index_recompute", "padded_reduction", "parallel_work", "tile_operands", "broadcast_reduction",

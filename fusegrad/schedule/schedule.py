@@ -18,7 +18,7 @@ from fusegrad import config
 from fusegrad.graph import ops, dims
 from fusegrad.graph.node import Node, plain
 from fusegrad.codegen.lower import (analyze, build, dim_map, is_param, param_value, param_values, DimOf, Fixed,
-                                    NeedsRealize)
+                                    NeedsRealize, _alu_count, _OP_COST)
 from fusegrad.schedule import rules
 from fusegrad.codegen.ir import Gather, Kernel, Reduce, toposort
 
@@ -180,7 +180,7 @@ def _signature(roots: list[Node], is_boundary) -> tuple[tuple, list[Node], list[
 
 
 # work counters, read by tests that bound how much scheduling a graph costs (never by the scheduler itself)
-stats = {"lower_calls": 0, "nodes_walked": 0, "schedule_hits": 0, "schedule_misses": 0, "replays": 0,
+stats = {"lower_calls": 0, "nodes_walked": 0, "region_visits": 0, "schedule_hits": 0, "schedule_misses": 0, "replays": 0,
          "bound_verified": 0, "bound_by_value": 0}
 
 
@@ -390,6 +390,7 @@ def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> l
     for s in n.src: consumers.setdefault(id(s), []).append(n)
   for r in roots: consumers.setdefault(id(r), []).append(None)   # read by whoever asked for it
   pos = {id(n): i for i, n in enumerate(order)}
+  share_ops = rules.params(roots[0].device).share_ops if roots else 0
 
   # Cuts only ever get added, and each addition re-walks only the kernels whose fused region held the new cut,
   # so deciding them costs about one walk of the graph per cut's neighbourhood (never a restart from scratch).
@@ -413,6 +414,7 @@ def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> l
         if s.realized or id(s) in cut or id(s) in seen_k: continue
         seen_k.add(id(s)); inside.append(id(s)); stack.append(s)
     region[id(k)] = inside
+    stats["region_visits"] += len(inside)
     for x in inside: member_of.setdefault(x, set()).add(id(k))
 
   def add_cuts(xs: list) -> list:
@@ -427,17 +429,28 @@ def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> l
 
   def share_reductions(touched: list) -> None:
     """A reduction that two kernels would both compute gets its own kernel (or one at the end of the elementwise
-    chain all its uses go through), until no reduction is shared."""
+    chain all its uses go through), and so does a long elementwise value (past `share_ops`; sources first, each
+    judged with the cuts before it; not a product a reduction reads, which cost rules judge), until none is shared.
+    A recurrence's chain, c_t = f(c_{t-1}) read by every step's kernel, is so stored every few steps instead of
+    being recomputed whole by each step's kernel: quadratic work at run time, and more in scheduling (every cut
+    lowering found in it re-walked every later step's region)."""
     while touched:
-      shared = {x for k in touched for x in region.get(id(k), ())
-                if byid[x].op == "REDUCE" and len(member_of.get(x, ())) > 1}
+      shared = {x for k in touched for x in region.get(id(k), ()) if len(member_of.get(x, ())) > 1}
       new = []
       for x in sorted(shared, key=pos.__getitem__):
         if x in cut: continue
-        e = _epilogue_end(byid[x], consumers, cut)
+        n = byid[x]
+        if n.op != "REDUCE":
+          if (n.op in ops.ALU or n.op == "CAST") and \
+             not any(u is not None and u.op == "REDUCE" for u in consumers.get(x, ())) and \
+             _alu_count(n, is_boundary, share_ops, _OP_COST) > share_ops:
+            why[x] = rules.reason("shared_value", f"a long elementwise value {len(member_of[x])} kernels would compute")
+            cut.add(x); new.append(n)
+          continue
+        e = _epilogue_end(n, consumers, cut)
         if id(e) not in cut:
           why[id(e)] = rules.reason("shared_reduction", f"a reduction {len(member_of[x])} kernels read" +
-                                    ("" if e is byid[x] else " (stored after its epilogue)"))
+                                    ("" if e is n else " (stored after its epilogue)"))
           cut.add(id(e)); new.append(e)
       touched = add_cuts(new)
 
@@ -523,32 +536,39 @@ def _elementwise(k: Kernel) -> bool:
 
 def _merge_elementwise(items: list[ScheduleItem], is_boundary) -> list[ScheduleItem]:
   """Elementwise kernels of one shape where one reads another's output become one kernel with
-  several outputs (an optimizer's parameter, momentum and variance update in one pass)."""
+  several outputs (an optimizer's parameter, momentum and variance update in one pass). In graph order, a
+  consumer takes in a producer's group when nothing outside the group reads a member before the consumer runs
+  (the merged kernel runs at its last member): a recurrence's steps (an LSTM's h_t and c_t, then the next step's
+  matmul reading h_t) merge step by step, not into one group that the first outside reader refuses."""
   producer = {id(it.outputs[0]): i for i, it in enumerate(items)}
-  parent = list(range(len(items)))
-  def find(i):
-    while parent[i] != i: i = parent[i]
-    return i
+  readers: dict[int, list[int]] = {}
+  for i, it in enumerate(items):
+    for inp in it.inputs:
+      j = producer.get(id(inp))
+      if j is not None: readers.setdefault(j, []).append(i)
+  group_of = list(range(len(items)))
+  members: dict[int, list[int]] = {i: [i] for i in range(len(items))}
   ok = lambda it: it.kind == "KERNEL" and _elementwise(it.kernel)
   for i, it in enumerate(items):
     if not ok(it): continue
     for inp in it.inputs:
       j = producer.get(id(inp))
-      if j is not None and ok(items[j]) and items[j].outputs[0].shape == it.outputs[0].shape and \
-         items[j].outputs[0].device == it.outputs[0].device:
-        parent[find(j)] = find(i)
-  groups: dict[int, list[int]] = {}
-  for i in range(len(items)): groups.setdefault(find(i), []).append(i)
+      if j is None or not ok(items[j]) or items[j].outputs[0].shape != it.outputs[0].shape or \
+         items[j].outputs[0].device != it.outputs[0].device: continue
+      g, gi = group_of[j], group_of[i]
+      if g == gi: continue
+      if all(r >= i or group_of[r] == g for m in members[g] for r in readers.get(m, ())):
+        for m in members[g]: group_of[m] = gi
+        members[gi] += members.pop(g)
   merged: dict[int, ScheduleItem] = {}    # last member's position -> the merged kernel
   skip: set[int] = set()
-  for g in groups.values():
+  for g in members.values():
     if len(g) == 1: continue
-    members = {id(items[j].outputs[0]) for j in g}
-    # nothing outside the group may read a member before the merged kernel runs (at the last member)
-    if any(j not in g and any(id(x) in members for x in items[j].inputs) for j in range(min(g), max(g))): continue
+    g = sorted(g)
+    ids = {id(items[j].outputs[0]) for j in g}
     outputs = [items[j].outputs[0] for j in g]
     try:
-      k, inputs, params = lower_cached(outputs, lambda n: is_boundary(n) and id(n) not in members)
+      k, inputs, params = lower_cached(outputs, lambda n: is_boundary(n) and id(n) not in ids)
     except NeedsRealize:
       continue
     merged[max(g)] = ScheduleItem("KERNEL", outputs, inputs, k, "; ".join(items[j].why for j in g), params)

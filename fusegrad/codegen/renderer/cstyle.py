@@ -367,7 +367,7 @@ _MATH = r"""/* float32 exp/log/tanh in straight-line code, so loops that call th
    within 1 ulp of the correctly rounded result, with IEEE special values */
 static inline float fg_expf(float x) {
   float c = x > 88.8f ? 88.8f : (x < -104.0f ? -104.0f : x);
-  float k = rintf(c * 1.44269504088896341f);
+  float k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   /* rint below 2^22, written as fg_vexp's */
   float r = c - k * 0.693359375f;
   r = r - k * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -468,8 +468,10 @@ def _c_vectors(widths) -> str:
     # loop stays scalar under FG_BLOCKED); sqrtf is correctly rounded, and so are they
     out.append(f"static inline {t} fg_vsqrt_{t}({t} x) {{ return ({t}){{"
                + ", ".join(f"sqrtf(x[{i}])" for i in range(n)) + "}; }")
-    # fg_expf lane-wise in vector operations (the same steps, so the same bits): rintf as the add-and-subtract of
-    # 1.5 * 2^23 (exact round-to-nearest-even below 2^22), the selects as masks
+    # fg_expf lane-wise in vector operations (the same steps, so the same bits): its rint is the add-and-subtract of
+    # 1.5 * 2^23 (exact round-to-nearest-even below 2^22) in both, so a compiler that contracts `c * log2(e) + 1.5 *
+    # 2^23` into one FMA does so in both (with rintf(c * log2(e)) in the scalar one, x = -81.44479, whose product is
+    # -117.5000x, rounded k differently: 1 ulp apart), the selects as masks
     sel = lambda k, a, b: f"({t})(({k} & ({m})({a})) | (~{k} & ({m})({b})))"
     out.append(
       f"static inline {t} fg_vexp_{t}({t} x) {{\n"
