@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from fusegrad import autograd
-from fusegrad.engine import jit as _jit, trace as _trace
+from fusegrad.engine import jit as _jit, trace as _trace, realize as _realize
 
 _KEEP_WRITES = 32   # write sequence numbers kept per storage (enough to name the version a recipe saw)
 
@@ -191,6 +191,10 @@ def write(t, r) -> None:
       base_new._alias = (st, (), None)
       st.ref = weakref.ref(base_new)
       base = base_new
+  # a parameter written through `.data` is computed with the next realize, whatever it realizes, as PyTorch's write
+  # happens at once: updated by hand (`p.data.add_(p.grad, alpha=-lr)`, then the loss read) it would otherwise stay
+  # a lazy graph growing by a step's backward every step (an optimizer's own writes are realized by its step)
+  if detached and base is not None and base.requires_grad and base._ctx is None: _realize.later(base)
   members = _members(st, t)
   if not members: return
   if full:

@@ -720,9 +720,16 @@ def backward(t, gradient=None, retain_graph: bool | None = None, create_graph: b
     from fusegrad.engine import realize as _realize
     _realize.later(t)
   targets = inputs if inputs is not None else [x for x in order if x._ctx is None and x.requires_grad]
+  given: set = set()
   for leaf in targets:
     if id(leaf) in grads:
       g = grads[id(leaf)]
+      # each leaf its own gradient tensor, as PyTorch's: leaves whose gradients are one value (an LSTM's b_ih and
+      # b_hh, w and v of w + v) or a broadcast view must not share a tensor that an in-place op on one of them
+      # (clip_grad_norm_'s mul_) writes for all (it scaled an LSTM's bias gradients twice, silently)
+      if not create_graph: g = Tensor(_node=g.node)
+      elif id(g) in given or g._alias is not None: g = g.clone()
+      given.add(id(g))
       if written is not None: written.append((leaf, leaf.grad))
       leaf.grad = g if leaf.grad is None else leaf.grad + g
 

@@ -595,3 +595,23 @@ def test_kernels_matmul_backward(rng):
   x, w = leaf(rng, (64, 48)), leaf(rng, (48, 32))
   (x @ w).sum().backward()
   assert count(x.grad, w.grad) <= 2
+
+
+def test_each_leaf_gets_its_own_grad_tensor(rng):
+  """Leaves whose gradients are one value get distinct .grad tensors, each writable in place without touching the
+  other's (PyTorch's): w + v (the same broadcast ones for both: an in-place op on it raised), b1 + b2 of one shape
+  (the same tensor: `b1.grad.mul_(2)` doubled b2's too)."""
+  a = rng.standard_normal(4).astype(np.float32)
+  w, v = fg.tensor(a, requires_grad=True), fg.tensor(a, requires_grad=True)
+  (w + v).sum().backward()
+  assert w.grad is not v.grad
+  w.grad.mul_(2)
+  np.testing.assert_array_equal(w.grad.numpy(), np.full(4, 2, np.float32))
+  np.testing.assert_array_equal(v.grad.numpy(), np.ones(4, np.float32))
+  b1, b2 = fg.tensor(a, requires_grad=True), fg.tensor(a, requires_grad=True)
+  x = fg.tensor(rng.standard_normal((3, 4)).astype(np.float32))
+  ((x + (b1 + b2)) ** 2).sum().backward()
+  want = b2.grad.numpy().copy()
+  b1.grad.mul_(0.5)
+  np.testing.assert_array_equal(b2.grad.numpy(), want)
+  np.testing.assert_allclose(b1.grad.numpy(), want * 0.5, rtol=1e-6)

@@ -310,3 +310,49 @@ def test_gradient_clipping_replays_bitwise(traced, rng):
   _assert_same([r[:1] for r in off[:-1]] + off[-1:], [r[:1] for r in on[:-1]] + on[-1:])
   _close([r[1:] for r in off[:-1]], [r[1:] for r in on[:-1]])
   assert d["replays"] >= 4, (d, list(trace.why))
+
+
+def test_shared_gradient_value_written_in_place_replays(traced, rng):
+  """Two parameters whose gradients are one value (a bias pair, as an LSTM's b_ih and b_hh: x W^T + (b1 + b2))
+  each get their own .grad, so clip_grad_norm_'s in-place scaling scales each once, with traces on or off, as in
+  PyTorch (they shared one tensor, scaled twice)."""
+  torch = pytest.importorskip("torch")
+  xs = [rng.standard_normal((4, 5)).astype(np.float32) for _ in range(3)]
+  w0, b0 = rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+
+  class Net(fg.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.fc = fg.nn.Linear(5, 3, bias=False)
+      self.b1 = fg.nn.Parameter(fg.tensor(b0))
+      self.b2 = fg.nn.Parameter(fg.tensor(b0))
+    def forward(self, x): return self.fc(x) + (self.b1 + self.b2)
+
+  def make():
+    m = Net()
+    m.fc.weight.data.copy_(fg.tensor(w0))
+    return m, fg.optim.SGD(m.parameters(), lr=0.5)
+
+  def body(m, opt, i):
+    opt.zero_grad()
+    loss = (m(fg.tensor(xs[i % 3])) ** 2).sum()
+    loss.backward()
+    fg.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+    opt.step()
+    return [loss.detach().numpy().copy()]
+
+  off, on, _stats = _run_both(traced, make, 6, body)
+  _assert_same(off, on)   # (the step is not replayed: `b1 + b2` is no call a trace keys)
+  tw, tb, tb2 = (torch.tensor(a, requires_grad=True) for a in (w0, b0, b0))
+  topt = torch.optim.SGD([tw, tb, tb2], lr=0.5)
+  for i in range(6):
+    topt.zero_grad()
+    loss = ((torch.tensor(xs[i % 3]) @ tw.T + (tb + tb2)) ** 2).sum()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([tw, tb, tb2], 0.5)
+    topt.step()
+    np.testing.assert_allclose(off[i][0], loss.item(), rtol=1e-5)
+  got = dict(zip([n for n, _ in make()[0].named_parameters()], on[-1]))
+  np.testing.assert_allclose(got["b1"], tb.detach().numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got["b2"], tb2.detach().numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got["fc.weight"], tw.detach().numpy(), rtol=1e-5, atol=1e-6)
