@@ -153,6 +153,42 @@ def test_gcc_avx512_tile_is_six_rows_of_four_vectors(rng):
     _close(run(item, tuple(opts), "CPU"), a @ b)
 
 
+# the actions that shape a register tile (a tile may be followed by others: a read-ahead hint)
+_TILE_OPS = (OptOp.UPCAST, OptOp.PADTO, OptOp.SWAP)
+
+
+def test_weight_gradient_keeps_its_columns_fastest(rng):
+  """A product whose row operand is read across its long reduction (a weight gradient g^T x over a batch: each step's
+  rows are one line of g) keeps the column blocks fastest (no SWAP); a matmul reading its rows along the reduction
+  still runs its row blocks fastest. Values as numpy's on the interpreter and compiled."""
+  caps = _avx512_gcc(rd.get("PYTHON").caps)
+  g, x = rng.standard_normal((512, 192)).astype(np.float32), rng.standard_normal((512, 128)).astype(np.float32)
+  item = one_kernel(fg.Tensor(g).T @ fg.Tensor(x))
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert [o.op for o in opts if o.op in _TILE_OPS] == [OptOp.UPCAST] * 3, opts
+  _close(run(item, tuple(opts)), g.T @ x)
+  _close(run(item, tuple(opts), "CPU"), g.T @ x)
+  a = rng.standard_normal((192, 512)).astype(np.float32)
+  opts = heuristic.hand_coded(one_kernel(fg.Tensor(a) @ fg.Tensor(x)).kernel, caps)
+  assert [o for o in opts if o.op in _TILE_OPS][-1].op is OptOp.SWAP, opts
+
+
+def test_tile_takes_an_odd_count_of_column_vectors(rng):
+  """Columns that divide into no even count of vectors (784 = 49 vectors of 16) take 7 vectors x 3 rows (the rows
+  padded to a multiple of 3) rather than one vector per row; values as numpy's on the interpreter and compiled."""
+  caps = _avx512_gcc(rd.get("PYTHON").caps)
+  g, x = rng.standard_normal((64, 100)).astype(np.float32), rng.standard_normal((64, 784)).astype(np.float32)
+  item = one_kernel(fg.Tensor(g).T @ fg.Tensor(x))
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert [o for o in opts if o.op in _TILE_OPS] == [Opt(OptOp.PADTO, 0, 3), Opt(OptOp.UPCAST, 0, 3),
+                                                    Opt(OptOp.UPCAST, 2, 16), Opt(OptOp.UPCAST, 2, 7)], opts
+  _close(run(item, tuple(opts)), g.T @ x)
+  _close(run(item, tuple(opts), "CPU"), g.T @ x)
+  # AVX2's tile (6 rows x 2 vectors of 8) divides 784 = 98 vectors of 8 evenly: no odd count
+  opts = heuristic.hand_coded(item.kernel, _avx2(rd.get("PYTHON").caps))
+  assert all(o.arg not in heuristic.ODD_COLUMN_VECTORS for o in opts if o.op is OptOp.UPCAST), opts
+
+
 def test_heuristic_loops_a_transposing_copy_along_its_reads(rng):
   """A copy that writes consecutive vectors but reads them a row apart (a matmul's operand packed in panels) loops
   over the neighbouring vectors of a row in each work item; the copy is exact."""
