@@ -4,17 +4,18 @@ Issue 10: a small model's eager step is dominated by Python (building the graph,
 its kernels. The same step code runs for every contender (the libraries share the API): a nanoGPT (the faithful
 copy in tests/nanogpt_model.py, 2 layers, d 32), a minGPT of the same size (tests/mingpt_model.py), a VAE
 784-400-20 (the PyTorch example's model and loss), an MLP, the PyTorch example's MNIST convnet (batch 8, Adadelta;
-its dropouts draw new masks every step) and torchvision's ResNet-18 (8x3x32x32). "fusegrad eager" is the plain
-Python step, as a user writes it (a step that repeats is replayed from a checked trace, engine/trace.py;
-otherwise its graphs' schedules are reused by structure and replayed, engine/realize.py); "eager, no trace" turns
-the traces off; "eager, no replay" turns both off
-(`realize.no_replay()`, FUSEGRAD_EAGER_REPLAY=0) to show what it buys; "fusegrad.jit" captures the step explicitly.
+its dropouts draw new masks every step), torchvision's ResNet-18 (8x3x32x32) and the PyTorch example's word-level
+LSTM language model (its training loop: the hidden state carried, gradients clipped, parameters updated by hand).
+"fusegrad eager" is the plain Python step, as a user writes it (a step that repeats is replayed from a checked
+trace, engine/trace.py; otherwise its graphs' schedules are reused by structure and replayed, engine/realize.py);
+"eager, no trace" turns the traces off; "eager, no replay" turns both off (`realize.no_replay()`,
+FUSEGRAD_EAGER_REPLAY=0) to show what it buys; "fusegrad.jit" captures the step explicitly.
 
 Times are per step (forward, loss, backward, optimizer step, reading the loss as a float): each contender runs
 `--steps` steps per round, the contenders alternate for `--rounds` rounds, and each keeps its best round (the
 VM's speed drifts; interleaving compares them at the same moments). Ratios above 1 mean fusegrad is faster.
 
-    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|mingpt|vae|mlp|mnist|resnet] [--gc-freeze] [--profile gpt]
+    python bench/bench_eager.py [--steps 30] [--rounds 5] [--only gpt|mingpt|vae|mlp|mnist|resnet|wordlm] [--gc-freeze] [--profile gpt]
 """
 from __future__ import annotations
 import argparse
@@ -29,7 +30,7 @@ ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--steps", type=int, default=30, help="steps per round per contender")
 ap.add_argument("--rounds", type=int, default=5)
 ap.add_argument("--only", default=None,
-                help="run the case of this key (gpt, mingpt, vae, mlp, mnist, resnet), or those whose key contains it")
+                help="run the case of this key (gpt, mingpt, vae, mlp, mnist, resnet, wordlm), or those whose key contains it")
 ap.add_argument("--gc-freeze", action="store_true",
                 help="gc.freeze() after the warm-up (the long-lived objects of torch, numpy and the models leave the "
                      "collector's full passes; a diagnostic of what Python's garbage collector costs each library)")
@@ -297,6 +298,83 @@ def resnet_case(rng):
           fg_model_opt, ce_loss(fg))
 
 
+def wordlm_class(lib):
+  """pytorch/examples word_language_model's RNNModel (LSTM; its init, dropout between the layers and around them)."""
+  nn, F = lib.nn, lib.nn.functional
+
+  class RNNModel(nn.Module):
+    def __init__(self, ntoken, ninp, nhid, nlayers, dropout=0.2):
+      super().__init__()
+      self.ntoken, self.nhid, self.nlayers = ntoken, nhid, nlayers
+      self.drop = nn.Dropout(dropout)
+      self.encoder = nn.Embedding(ntoken, ninp)
+      self.rnn = nn.LSTM(ninp, nhid, nlayers, dropout=dropout)
+      self.decoder = nn.Linear(nhid, ntoken)
+      nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
+      nn.init.zeros_(self.decoder.bias)
+      nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+
+    def forward(self, input, hidden):
+      emb = self.drop(self.encoder(input))
+      output, hidden = self.rnn(emb, hidden)
+      decoded = self.decoder(self.drop(output)).view(-1, self.ntoken)
+      return F.log_softmax(decoded, dim=1), hidden
+
+    def init_hidden(self, bsz):
+      weight = next(self.parameters())
+      return (weight.new_zeros(self.nlayers, bsz, self.nhid), weight.new_zeros(self.nlayers, bsz, self.nhid))
+  return RNNModel
+
+
+WORDLM = dict(ntoken=2000, ninp=200, nhid=200, nlayers=2, dropout=0.2)   # the example's sizes, a smaller vocabulary
+WORDLM_BPTT, WORDLM_BATCH, WORDLM_LR, WORDLM_CLIP = 35, 20, 20.0, 0.25
+
+
+def wordlm_steps(rng) -> dict:
+  """The example's train() loop body: the hidden state carried to the next batch detached, clip_grad_norm_, the
+  parameters updated by hand through `.data`, the loss read. Its own contenders (the state goes with the step);
+  fusegrad.jit's step takes and returns the state."""
+  torch.manual_seed(0)
+  th_model = wordlm_class(torch)(**WORDLM)
+  batches = [(rng.integers(0, WORDLM["ntoken"], (WORDLM_BPTT, WORDLM_BATCH)),
+              rng.integers(0, WORDLM["ntoken"], WORDLM_BPTT * WORDLM_BATCH)) for _ in range(4)]
+
+  def body(lib, model, x, y, hidden):
+    hidden = tuple(h.detach() for h in hidden)
+    model.zero_grad()
+    output, hidden = model(x, hidden)
+    loss = lib.nn.functional.nll_loss(output, y)
+    loss.backward()
+    lib.nn.utils.clip_grad_norm_(model.parameters(), WORDLM_CLIP)
+    for p in model.parameters(): p.data.add_(p.grad, alpha=-WORDLM_LR)
+    return loss, hidden
+
+  def stepper(lib, model, data, wrap=contextlib.nullcontext, jit=False):
+    state = [model.init_hidden(WORDLM_BATCH)]
+    if jit:
+      f = lib.jit(lambda x, y, h, c: (lambda r: (r[0], *r[1]))(body(lib, model, x, y, (h, c))))
+      def step(i):
+        loss, h, c = f(*data[i % len(data)], *state[0])
+        state[0] = (h, c)
+        return loss.item()
+      return step
+    def step(i):
+      with wrap():
+        loss, state[0] = body(lib, model, *data[i % len(data)], state[0])
+        return loss.item()
+    return step
+
+  th_batches = [tuple(torch.tensor(a) for a in b) for b in batches]
+  fg_batches = [tuple(fg.tensor(a) for a in b) for b in batches]
+  steps = {"torch": stepper(torch, th_model, th_batches)}
+  for name, wrap in (("eager", contextlib.nullcontext), ("notrace", NO_TRACE), ("noreplay", NO_REPLAY), ("jit", None)):
+    m = wordlm_class(fg)(**WORDLM)
+    load(m, th_model)
+    steps[name] = stepper(fg, m, fg_batches, wrap, jit=wrap is None)
+  return steps
+wordlm_steps.steps = True
+
+
 CASES = {
   "gpt": ("nanoGPT L2 d32 H2 T32 V65, batch 8, AdamW", gpt_case),
   "mingpt": ("minGPT L2 d32 H2 T32 V65, batch 8, AdamW", mingpt_case),
@@ -304,7 +382,12 @@ CASES = {
   "mlp": ("MLP 64-128-128-10, batch 32, SGD momentum", mlp_case),
   "mnist": ("MNIST convnet (pytorch/examples), batch 8, Adadelta", mnist_case),
   "resnet": ("ResNet-18 (torchvision), 8x3x32x32, SGD momentum", resnet_case),
+  "wordlm": ("word LM (pytorch/examples), LSTM 2x200, bptt 35, batch 20, V 2000, clipped SGD by hand", wordlm_steps),
 }
+
+
+def steps_of(case, rng) -> dict:
+  return case(rng) if getattr(case, "steps", False) else contenders(case, rng)
 
 
 def measure(steps: dict, n: int, rounds: int) -> tuple[dict, dict]:
@@ -332,7 +415,7 @@ def main() -> None:
   if ARGS.profile:
     import cProfile
     import pstats
-    steps = contenders(CASES[ARGS.profile][1], rng)
+    steps = steps_of(CASES[ARGS.profile][1], rng)
     for i in range(5): steps["eager"](i)
     pr = cProfile.Profile()
     pr.enable()
@@ -348,7 +431,7 @@ def main() -> None:
   print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
   for key, (name, case) in CASES.items():
     if ARGS.only and not (key == ARGS.only if ARGS.only in CASES else ARGS.only in key): continue
-    t, loss = measure(contenders(case, rng), ARGS.steps, ARGS.rounds)
+    t, loss = measure(steps_of(case, rng), ARGS.steps, ARGS.rounds)
     ms = {k: v * 1e3 for k, v in t.items()}
     print(f"| {name} | {ms['torch']:.2f} | {ms['eager']:.2f} | {ms['notrace']:.2f} | {ms['noreplay']:.2f} | "
           f"{ms['jit']:.2f} | {t['torch'] / t['eager']:.2f}x | {t['torch'] / t['notrace']:.2f}x | {t['torch'] / t['jit']:.2f}x | "
