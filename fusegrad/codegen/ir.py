@@ -319,6 +319,15 @@ class Store:
 
 
 @dataclass(frozen=True)
+class Prefetch:
+  """A hint that bufs[buf][idx] will be read soon (codegen/passes.read_ahead makes these for OptOp.READAHEAD): the C
+  renderer asks the cache for that line (__builtin_prefetch), the interpreter ignores it. It is no load: an index past
+  the buffer's end (the last steps of a loop read ahead of) touches nothing."""
+  buf: int
+  idx: sym.Lin
+
+
+@dataclass(frozen=True)
 class Kernel:
   name: str
   bufs: tuple            # tuple[BufferArg]
@@ -336,6 +345,10 @@ class Kernel:
   tensor_core: object = None   # the codegen/opt/tc.TensorCore whose tile the TC_M/TC_N/TC_K axes hold (OptOp.TC)
   prefetch: int = 0      # OptOp.PREFETCH: the STAGE axis's tiles prefetched through registers into this many local
                          # buffers (0: each step copies its own tile; codegen/passes.stage)
+  # OptOp.READAHEAD: ((loop variable, bytes), ...): the loads that step at least a cache line along that reduction
+  # loop are asked for `bytes` ahead (codegen/passes.read_ahead; a later split of the axis drops its hint)
+  read_ahead: tuple = ()
+  prefetches: tuple = () # tuple[Prefetch]: made from read_ahead after expansion, placed in their loops by linearize
 
   def of_kind(self, *kinds) -> tuple:
     return tuple(a for a in self.axes if a.kind in kinds)

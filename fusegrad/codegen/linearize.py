@@ -6,6 +6,8 @@ falls out: a value of the row is computed before the loop over the row's columns
 lives just outside its own loops. Reductions that share their loops (the copies of a register tile) share
 one loop nest. Within a scope, statements and inner loops are ordered by their dependencies.
 
+A read-ahead hint (ir.Prefetch) is a PrefetchSt first in the innermost loop its index runs over.
+
 A prefetched local tile (ir.Stage.prefetch, the loop over the tiles p) is three statements: its Let copies the first
 tile just before p's loop; in p's loop a Fetch loads the item's share of the next tile into registers before the
 step's reads of the tile (LocalLoads), and after them one Refill per loop stores every fetched tile into local
@@ -52,6 +54,13 @@ class StoreSt:
   valid: sym.Cond
   arg: str                  # where valid: bufs[buf][idx] = arg
   vec: object = None        # ir.VecDType of a vector value: bufs[buf][idx:idx+count] = arg
+
+
+@dataclass(frozen=True)
+class PrefetchSt:
+  """Ask for bufs[buf][idx] ahead of its use (ir.Prefetch: a hint; nothing is read or written)."""
+  buf: int
+  idx: sym.Lin
 
 
 @dataclass(frozen=True)
@@ -207,6 +216,13 @@ def linearize(k: Kernel) -> list:
     vd = st.value.dtype
     stmts[i] = StoreSt(st.buf, st.idx, st.valid, use(i, st.value), vd if isinstance(vd, VecDType) else None)
 
+  # read-ahead hints (ir.Prefetch) in the innermost loop their index runs over, before the loop's other statements
+  for pf in k.prefetches:
+    p = longest([var_path(x) for x in sym.variables(pf.idx)])
+    i = add(PrefetchSt(pf.buf, pf.idx), p)
+    block = items[p]
+    block.insert(0, block.pop(block.index(("st", i))))
+
   out: list = []
   def emit(scope: tuple) -> None:
     order = _toposort(items.get(scope, []), edges.get(scope, set()), k)
@@ -263,6 +279,7 @@ def format_listing(listing: list) -> str:
     elif isinstance(st, Fetch):
       lines.append(f"{ind}if {st.valid!r}: {st.name}_r* = Fetch b{st.stage.buf}[{st.stage.idx!r}] at "
                    f"{st.stage.prefetch.name}+1")
+    elif isinstance(st, PrefetchSt): lines.append(f"{ind}prefetch b{st.buf}[{st.idx!r}]")
     elif isinstance(st, Refill):
       lines.append(f"{ind}if {st.valid!r}: Refill({', '.join(n + '_r*' for n in st.names)})")
   return "\n".join(lines)

@@ -13,6 +13,9 @@ bind: GLOBAL axes are derived from one flat work-item index `gidx` (the first GL
 axes, the shared axis (every GROUP_REDUCE and GROUP_LOOP axis: one index) and a warp's lanes (WARP, innermost) from
 the flat index `lidx` within a work-group; index expressions over them simplify.
 
+read_ahead: the loads that step a cache line or more along a loop OptOp.READAHEAD named are asked for a distance
+ahead (ir.Prefetch hints, placed in that loop by the linearizer); last, after bind, on the values as they are read.
+
 tensor_core: a tensor core's tile (OptOp.TC: TC_M/TC_N/TC_K axes and a WARP axis) becomes the warp's ir.Mma over
 fragments read through the tensor core's layouts; it runs first, so the register axes expand copies it.
 """
@@ -25,7 +28,7 @@ from fusegrad import dtype as dt
 from fusegrad.codegen.ir import (Kernel, AxisKind, REGISTER_KINDS, SHARED_KINDS, TC_KINDS, Val, Stage, LocalLoad,
                                  Reduce, GroupReduce, Load, Index, Valid, Gather, Alu, Store, Vectorize, Gep, VecDType,
                                  vec, Mma, Const, children, dependencies, toposort, substitute, substitute_kernel,
-                                 axis_variables)
+                                 axis_variables, Prefetch, scalar_of)
 
 K = AxisKind
 # how the partial accumulators of an upcast reduction axis combine
@@ -569,3 +572,36 @@ def tensor_core(k: Kernel) -> Kernel:
       val = substitute([st.value], env, replaced={id(r): Gep(total, e, acc)})[0]
       stores.append(Store(st.buf, sym.substitute(st.idx, env), val, st.valid.substitute(env)))
   return replace(k, stores=tuple(stores), axes=tuple(a for a in k.axes if a.kind not in TC_KINDS))
+
+
+LINE_BYTES = 64   # a cache line: a load stepping this far per iteration reads a new line every iteration
+
+
+def streamed_loads(roots: list, u: sym.Var) -> list:
+  """(load, step) of the unconditional loads inside a reduction over loop u that step at least a cache line per
+  index of u (step: elements per index of u)."""
+  out = []
+  for v in toposort(roots):
+    if not (isinstance(v, Reduce) and u in v.loops): continue
+    for x in toposort([v.src, *v.more]):
+      if not isinstance(x, Load) or not x.valid.is_true: continue
+      s = _stride(x.idx, u)
+      if s and abs(s) * scalar_of(x.dtype).itemsize >= LINE_BYTES: out.append((x, s))
+  return out
+
+
+def read_ahead(k: Kernel) -> Kernel:
+  """ir.Prefetch hints for Kernel.read_ahead: each streamed load of a loop that reads ahead (streamed_loads), at the
+  index it reads the given number of bytes later (whole steps of the loop, at least one). A loop that a later action
+  split (its variable gone from every reduction) has none."""
+  if not k.read_ahead: return k
+  roots = [st.value for st in k.stores]
+  hints, seen = [], set()
+  for u, nbytes in k.read_ahead:
+    for x, s in streamed_loads(roots, u):
+      ahead = max(1, nbytes // (abs(s) * scalar_of(x.dtype).itemsize))
+      p = Prefetch(x.buf, sym.lin(x.idx) + s * ahead)
+      if p not in seen:
+        seen.add(p)
+        hints.append(p)
+  return replace(k, prefetches=tuple(hints))

@@ -34,4 +34,5 @@ def prepare(k: Kernel, caps: Caps, opts=None) -> Prepared:
   # device compiler merges equal values itself, but moves no global load past a barrier. After bind: a grouped
   # reduction's index and its output loop's are one lidx only there. Other kernels keep their source as it was
   if ke.of_kind(*SHARED_KINDS): ke = passes.dedupe(ke)
+  ke = passes.read_ahead(ke)
   return Prepared(ke, linearize(ke), ko.opts)

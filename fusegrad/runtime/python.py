@@ -17,7 +17,7 @@ from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
 from fusegrad.codegen.ir import (tree_top, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu,
                                  Vectorize, Gep, VecDType, Mma)
-from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt, Fetch, Refill
+from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt, Fetch, Refill, PrefetchSt
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen import passes
 
@@ -155,6 +155,7 @@ class Interpreter:
         fn = (_BOOL_FOLD if r.dtype.is_bool else {}).get(r.op, _FOLD[r.op])
         with np.errstate(all="ignore"):
           for a in st.args: env[st.name] = fn(env[st.name], env[a]).astype(_reg(r.dtype), copy=False)
+      elif isinstance(st, PrefetchSt): pass   # a hint to a cache: nothing to compute
       elif isinstance(st, Fetch): self._fetch(st, env, bufs, n)
       elif isinstance(st, Refill): self._refill(st, env, n)
       elif isinstance(st, StoreSt):

@@ -131,11 +131,13 @@ def test_heuristic_tiles_a_matmul(rng):
   assert [o.op for o in opts] in ([OptOp.UPCAST] * 2, [OptOp.UPCAST] * 3), opts
   assert (opts[0].arg, opts[1].arg) == (heuristic.ROW_LANES, heuristic.tile_lanes(caps))
   if len(opts) == 3: assert opts[2].arg == heuristic.tile_shape(caps)[1]
-  # a long reduction: the row blocks run fastest (neighbouring work items share a panel of columns in cache)
+  # a long reduction: the row blocks run fastest (neighbouring work items share a panel of columns in cache), and the
+  # columns, a row of 64 floats (a cache line) a step, are read ahead
   a, b = rng.standard_normal((64, 512)).astype(np.float32), rng.standard_normal((512, 64)).astype(np.float32)
   long = one_kernel(fg.Tensor(a) @ fg.Tensor(b))
   lopts = heuristic.hand_coded(long.kernel, caps)
-  assert lopts[-1].op is OptOp.SWAP, lopts
+  assert [o.op for o in lopts[-2:]] == [OptOp.SWAP, OptOp.READAHEAD], lopts
+  assert lopts[-1].arg == heuristic.READ_AHEAD
   _close(run(long, tuple(lopts)), a @ b)
 
 

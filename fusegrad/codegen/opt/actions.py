@@ -34,6 +34,8 @@ class OptOp(enum.Enum):
                        # reduction axis K: one warp per tile (_tc)
   PREFETCH = "prefetch"  # the STAGE axis's next tile loaded into registers while each step computes, then stored
                          # into local memory: one buffer (arg 1) or two taken in turn (arg 2) (_prefetch)
+  READAHEAD = "readahead"  # the loads that step at least a cache line per iteration of the reduction loop `axis`
+                           # asked for `arg` bytes ahead of their use (software prefetch: _read_ahead)
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,23 @@ def _prefetch(k, opt, a, caps):
   return out
 
 
+def _read_ahead(k, opt, a, caps):
+  """Software prefetch along a reduction loop (codegen/passes.read_ahead): every unconditional load that steps at
+  least a cache line per iteration of the loop (a matmul's panel of columns: one vector a step) is asked for `arg`
+  bytes ahead of the step that reads it, so the line is on its way from L2 or L3 before the loop gets there. Loads
+  that step less (a row of scalars) are left to the hardware's prefetcher, which follows them well. A hint: the
+  values are the same with or without it."""
+  from fusegrad.codegen import passes
+  LINE_BYTES = passes.LINE_BYTES
+  _need(a.kind is K.REDUCE, opt, k, f"only a reduction loop reads ahead, this axis is {a.kind.value}")
+  _need(opt.arg % LINE_BYTES == 0 and LINE_BYTES <= opt.arg <= 4096, opt, k,
+        f"the distance is a multiple of {LINE_BYTES} bytes (a cache line) up to 4096 (a page), got {opt.arg}")
+  _need(all(v != a.var for v, _ in k.read_ahead), opt, k, "the loop reads ahead already")
+  loads = passes.streamed_loads([st.value for st in k.stores], a.var)
+  _need(bool(loads), opt, k, f"no load steps a cache line ({LINE_BYTES} bytes) per iteration of the loop")
+  return replace(k, read_ahead=k.read_ahead + ((a.var, opt.arg),))
+
+
 def _group(k, opt, a, caps):
   _need(caps.has_local, opt, k, "the device has no work-groups (local memory)")
   _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis is grouped, this one is {a.kind.value}")
@@ -319,4 +338,5 @@ def _reduces(k: Kernel) -> list:
 
 
 _APPLY = {OptOp.UPCAST: _upcast, OptOp.UNROLL: _unroll, OptOp.LOCAL: _local, OptOp.GROUP: _group, OptOp.SWAP: _swap,
-          OptOp.PADTO: _padto, OptOp.LOOP: _loop, OptOp.STAGE: _stage, OptOp.TC: _tc, OptOp.PREFETCH: _prefetch}
+          OptOp.PADTO: _padto, OptOp.LOOP: _loop, OptOp.STAGE: _stage, OptOp.TC: _tc, OptOp.PREFETCH: _prefetch,
+          OptOp.READAHEAD: _read_ahead}
