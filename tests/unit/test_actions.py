@@ -175,6 +175,23 @@ def test_weight_gradient_keeps_its_columns_fastest(rng):
   assert [o for o in opts if o.op in _TILE_OPS][-1].op is OptOp.SWAP, opts
 
 
+def test_weight_gradient_rows_far_apart_get_no_read_ahead(rng):
+  """A weight gradient whose rows step a read-ahead distance or more along its reduction (512 outputs: 2 KB) gets no
+  read-ahead hints (one per row, a step ahead); rows closer together (128 outputs) and a matmul's panels keep them.
+  Values as numpy's compiled."""
+  caps = _avx512_gcc(rd.get("PYTHON").caps)
+  x = rng.standard_normal((512, 128)).astype(np.float32)
+  for n, hints in ((512, False), (128, True)):
+    g = rng.standard_normal((512, n)).astype(np.float32)
+    item = one_kernel(fg.Tensor(g).T @ fg.Tensor(x))
+    opts = heuristic.hand_coded(item.kernel, caps)
+    assert any(o.op is OptOp.READAHEAD for o in opts) == hints, (n, opts)
+    _close(run(item, tuple(opts), "CPU"), g.T @ x)
+  a = rng.standard_normal((192, 512)).astype(np.float32)
+  opts = heuristic.hand_coded(one_kernel(fg.Tensor(a) @ fg.Tensor(x)).kernel, caps)
+  assert opts[-1].op is OptOp.READAHEAD, opts
+
+
 def test_tile_takes_an_odd_count_of_column_vectors(rng):
   """Columns that divide into no even count of vectors (784 = 49 vectors of 16) take 7 vectors x 3 rows (the rows
   padded to a multiple of 3) rather than one vector per row; values as numpy's on the interpreter and compiled."""
