@@ -728,8 +728,9 @@ def backward(t, gradient=None, retain_graph: bool | None = None, create_graph: b
       # b_hh, w and v of w + v) or a broadcast view must not share a tensor that an in-place op on one of them
       # (clip_grad_norm_'s mul_) writes for all (it scaled an LSTM's bias gradients twice, silently)
       if not create_graph: g = Tensor(_node=g.node)
-      elif id(g) in given or g._alias is not None: g = g.clone()
-      given.add(id(g))
+      else:
+        if id(g) in given or g._alias is not None: g = g.clone()
+        given.add(id(g))
       if written is not None: written.append((leaf, leaf.grad))
       leaf.grad = g if leaf.grad is None else leaf.grad + g
 

@@ -714,7 +714,9 @@ def _check_class_target(input: Tensor, target: Tensor, weight, ignore_index: int
   template cannot record)."""
   _check_index(target, name)
   if input.ndim < 1: raise ValueError(f"{name}: expected 1D or more input, got {list(input.shape)}")
-  shape, tshape = (input.shape, target.shape) if input.ndim > 1 else ((1,) + input.shape, (1,) if target.numel() == 1 else target.shape)
+  shape, tshape = input.shape, target.shape
+  if input.ndim == 1:   # unbatched: scores [C] and one class index (as the loss sees them: a batch of one)
+    shape, tshape = (1,) + shape, (1,) if target.numel() == 1 else tshape
   N, C = shape[:2]
   if tshape != (N,) + shape[2:]:
     if len(tshape) and tshape[0] != N:
@@ -727,7 +729,8 @@ def _check_class_target(input: Tensor, target: Tensor, weight, ignore_index: int
 
 
 @templated
-def _class_loss(logp: Tensor, target: Tensor, weight, ignore_index: int, reduction: str, label_smoothing: float) -> Tensor:
+def _class_loss(logp: Tensor, target: Tensor, weight, ignore_index: int, reduction: str,
+                label_smoothing: float) -> Tensor:
   """The nll of class-index targets over log-probabilities logp [N, C, *] (or [C]), with PyTorch's weighting,
   ignore_index and label smoothing; one-hot selects (no gather) so it fuses with the log_softmax. The arguments are
   checked (_check_class_target)."""

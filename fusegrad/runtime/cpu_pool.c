@@ -57,7 +57,7 @@ static struct {
   pid_t pid;                    /* a forked child has no workers: it runs everything itself */
 } P;
 
-static const long SPIN = 1 << 14;    /* pause loops a worker spins before it sleeps */
+static const long SPIN = 1 << 14;    /* pause loops a worker spins before it sleeps (~180 us on a Xeon) */
 
 static void run_chunks(void) {
   long long i;
