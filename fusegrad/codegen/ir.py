@@ -96,6 +96,10 @@ class Load(Val):
   idx: sym.Lin
   valid: sym.Cond        # where false the value is 0 and memory is not touched
   dtype: DType
+  # of a vector load: (lo, hi), index expressions; only lanes lo <= i < hi are read, the others are 0 and their
+  # memory is not touched (a masked load: the lanes that run past a padded axis's end, codegen/passes._vectorize
+  # where the renderer has them, Caps.masked_vectors). () reads every lane
+  lanes: tuple = ()
 
 
 @dataclass(frozen=True, eq=True)
@@ -316,6 +320,7 @@ class Store:
   idx: sym.Lin
   value: Val
   valid: sym.Cond = sym.TRUE   # where false nothing is stored (an axis padded past its size)
+  lanes: tuple = ()            # of a vector store: (lo, hi), only lanes lo <= i < hi are stored (as Load.lanes)
 
 
 @dataclass(frozen=True)
@@ -445,7 +450,9 @@ def dependencies(roots) -> dict:
   """id(val) -> frozenset of the symbolic Vars the value depends on (a reduction's own loops excluded)."""
   deps = {}
   for v in toposort(roots):
-    if isinstance(v, (Load, Index)): d = axis_variables(v.idx) | v.valid.variables()
+    if isinstance(v, (Load, Index)):
+      d = axis_variables(v.idx) | v.valid.variables()
+      if isinstance(v, Load) and v.lanes: d |= axis_variables(v.lanes[0]) | axis_variables(v.lanes[1])
     elif isinstance(v, Valid): d = v.cond.variables()
     elif isinstance(v, (Const, Param)): d = set()
     elif isinstance(v, Stage): d = (axis_variables(v.idx) | v.valid.variables()) - set(v.over)
@@ -463,6 +470,11 @@ def dependencies(roots) -> dict:
   return deps
 
 
+def sub_lanes(lanes: tuple, env: dict) -> tuple:
+  """A masked load's or store's lane bounds (Load.lanes) with index variables replaced."""
+  return tuple(sym.substitute(x, env) for x in lanes)
+
+
 def substitute(roots, env: dict, loops: dict | None = None, replaced: dict | None = None) -> list:
   """The value DAG with index variables replaced (sym.substitute on every index and condition); `loops` maps a
   reduction's loop variable to the variables that replace it in its loops (an axis split in two); `replaced` maps
@@ -472,7 +484,8 @@ def substitute(roots, env: dict, loops: dict | None = None, replaced: dict | Non
   def sub(v):
     r = memo.get(id(v))
     if r is not None: return r
-    if isinstance(v, Load): r = Load(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.dtype)
+    if isinstance(v, Load):
+      r = Load(v.buf, sym.substitute(v.idx, env), v.valid.substitute(env), v.dtype, sub_lanes(v.lanes, env))
     elif isinstance(v, Index): r = Index(sym.substitute(v.idx, env), v.valid.substitute(env), v.dtype)
     elif isinstance(v, Valid): r = Valid(v.cond.substitute(env), v.dtype)
     elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(sub(c) for c in v.src))
@@ -496,7 +509,8 @@ def substitute(roots, env: dict, loops: dict | None = None, replaced: dict | Non
 def substitute_kernel(k: Kernel, env: dict, loops: dict | None = None, axes: tuple | None = None, **changes) -> Kernel:
   """k with index variables replaced in every value and store (see substitute), and new axes if given."""
   vals = substitute([st.value for st in k.stores], env, loops)
-  stores = tuple(Store(st.buf, sym.substitute(st.idx, env), v, st.valid.substitute(env)) for st, v in zip(k.stores, vals))
+  stores = tuple(Store(st.buf, sym.substitute(st.idx, env), v, st.valid.substitute(env), sub_lanes(st.lanes, env))
+                 for st, v in zip(k.stores, vals))
   return replace(k, stores=stores, axes=k.axes if axes is None else axes, **changes)
 
 
@@ -540,10 +554,12 @@ def index_exprs(k: Kernel):
   for st in k.stores:
     yield st.idx
     yield from (x for x, _lo, _hi in st.valid.parts)
+    yield from st.lanes
     for v in toposort([st.value]):
       if isinstance(v, (Load, Index)):
         yield v.idx
         yield from (x for x, _lo, _hi in v.valid.parts)
+        if isinstance(v, Load): yield from v.lanes
       elif isinstance(v, Valid): yield from (x for x, _lo, _hi in v.cond.parts)
 
 

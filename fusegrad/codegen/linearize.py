@@ -54,6 +54,7 @@ class StoreSt:
   valid: sym.Cond
   arg: str                  # where valid: bufs[buf][idx] = arg
   vec: object = None        # ir.VecDType of a vector value: bufs[buf][idx:idx+count] = arg
+  lanes: tuple = ()         # of a vector value: only lanes lo <= i < hi stored (ir.Store.lanes)
 
 
 @dataclass(frozen=True)
@@ -211,10 +212,12 @@ def linearize(k: Kernel) -> list:
         after(i, where[f], f)
         after(r, where[i], i)
   for st in k.stores:
-    p = longest([var_path(x) for x in sym.variables(st.idx) | st.valid.variables()] + [path[id(st.value)]])
+    over = sym.variables(st.idx) | st.valid.variables()
+    for x in st.lanes: over |= sym.variables(x)
+    p = longest([var_path(x) for x in over] + [path[id(st.value)]])
     i = add(None, p)
     vd = st.value.dtype
-    stmts[i] = StoreSt(st.buf, st.idx, st.valid, use(i, st.value), vd if isinstance(vd, VecDType) else None)
+    stmts[i] = StoreSt(st.buf, st.idx, st.valid, use(i, st.value), vd if isinstance(vd, VecDType) else None, st.lanes)
 
   # read-ahead hints (ir.Prefetch) in the innermost loop their index runs over, before the loop's other statements
   for pf in k.prefetches:

@@ -36,16 +36,38 @@ FOLD_OP = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX", "MIN": "MIN"}
 BOOL_FOLD_OP = {"SUM": "OR", "PROD": "AND"}
 
 
+def _any_absent(vals: list, absent: set) -> bool: return any(id(x) in absent for x in vals)
+
+
+def piece_axes(k: Kernel) -> set:
+  """The variables of k's output axes cut into pieces (OptOp.PIECES): UNROLL axes no reduction loops over."""
+  loops = {x for r in toposort([st.value for st in k.stores]) if isinstance(r, Reduce) for x in r.loops}
+  return {a.var for a in k.of_kind(K.UNROLL) if a.var not in loops}
+
+
+def expand_pieces(k: Kernel) -> Kernel:
+  """k with its pieces (OptOp.PIECES) expanded: a copy of each store per piece, the conditions the piece decides
+  folded (a concatenation's parts), so what the vector pass sees of each copy is what it will vectorize."""
+  pieces = piece_axes(k)
+  return _expand(k, None, pieces) if pieces else k
+
+
 def expand(k: Kernel, caps=None) -> Kernel:
+  return _expand(expand_pieces(k), caps)
+
+
+def _expand(k: Kernel, caps=None, only: set | None = None) -> Kernel:
+  """k with its register axes (those in `only` where given, then without vectors) expanded."""
   kinds = {a.var: a.kind for a in k.axes}
-  reg = [a.var for a in k.axes if a.kind in REGISTER_KINDS]
+  reg = [a.var for a in k.axes if a.kind in REGISTER_KINDS and (only is None or a.var in only)]
   if not reg: return k
   roots = [st.value for st in k.stores]
   deps = dependencies(roots)
-  us = vector_axes(k, caps, deps)
+  us = vector_axes(k, caps, deps) if only is None else []
   regset = set(reg) - set(us)
   shared_vars = {a.var for a in k.of_kind(K.GROUP_REDUCE)}
   memo: dict = {}
+  absent: set = set()   # ids of the zeros of padded reads a copy folded (kept alive by memo)
 
   def at(v, env: dict):
     """v with every register variable it depends on fixed by env."""
@@ -54,9 +76,25 @@ def expand(k: Kernel, caps=None) -> Kernel:
     r = memo.get(key)
     if r is not None: return r
     senv = {x: sym.const(env[x]) for x in deps[id(v)] if x in regset}
-    if isinstance(v, Load): r = Load(v.buf, sym.substitute(v.idx, senv), v.valid.substitute(senv), v.dtype)
-    elif isinstance(v, Index): r = Index(sym.substitute(v.idx, senv), v.valid.substitute(senv), v.dtype)
-    elif isinstance(v, Valid): r = Valid(v.cond.substitute(senv), v.dtype)
+    # (a condition a copy decides, a concatenation's part under PIECES or a padded tile's last rows, is folded: the
+    # copy reads nothing and computes nothing of the terms it rules out)
+    if isinstance(v, (Load, Index)) and (valid := v.valid.substitute(senv)).false:
+      r = Const(False if v.dtype.is_bool else 0, v.dtype)
+      if v.dtype.is_float: absent.add(id(r))
+    elif isinstance(v, Load): r = Load(v.buf, sym.substitute(v.idx, senv), valid, v.dtype)
+    elif isinstance(v, Index): r = Index(sym.substitute(v.idx, senv), valid, v.dtype)
+    elif isinstance(v, Valid):
+      cond = v.cond.substitute(senv)
+      r = Const(True, v.dtype) if cond.is_true else Const(False, v.dtype) if cond.false else Valid(cond, v.dtype)
+    elif isinstance(v, Alu) and v.op == "WHERE" and isinstance(c := at(v.src[0], env), Const):
+      r = at(v.src[1] if c.value else v.src[2], env)
+      if not c.value and isinstance(r, Const) and r.value == 0 and v.dtype.is_float:   # a padded value's 0
+        r = Const(0, v.dtype)
+        absent.add(id(r))
+    elif isinstance(v, Alu) and v.op == "ADD" and _any_absent(srcs := [at(c, env) for c in v.src], absent):
+      # a concatenation's part the copy rules out (a padded value's 0, added to the parts beside it) adds nothing: the
+      # other part as it is (a -0.0 stays -0.0, as PyTorch's cat keeps it)
+      r = srcs[1] if id(srcs[0]) in absent else srcs[0]
     elif isinstance(v, Alu): r = Alu(v.op, v.dtype, tuple(at(c, env) for c in v.src))
     elif isinstance(v, Gather): r = Gather(v.buf, v.size, at(v.src, env), v.dtype)
     elif isinstance(v, LocalLoad): r = LocalLoad(v.src, sym.substitute(v.idx, senv), v.dtype)
@@ -71,7 +109,7 @@ def expand(k: Kernel, caps=None) -> Kernel:
   def _expand_reduce(v: Reduce, env: dict):
     keep = tuple(x for x in v.loops if x not in regset)
     up = [x for x in v.loops if kinds[x] is K.UPCAST and x in regset]
-    un = [x for x in v.loops if kinds[x] is K.UNROLL]
+    un = [x for x in v.loops if kinds[x] is K.UNROLL and x in regset]
     # a work-group's shared axis (GROUP_REDUCE) folds last: each item folds its accumulators first, and the group
     # combines one partial per item (one local buffer and one tree, not one per accumulator)
     shared = tuple(x for x in keep if x in shared_vars) if len(up) else ()
@@ -94,11 +132,13 @@ def expand(k: Kernel, caps=None) -> Kernel:
     for c in itertools.product(*(range(x.hi + 1) for x in mine)):
       env = dict(zip(mine, c))
       senv = {x: sym.const(i) for x, i in env.items()}
-      stores.append(Store(st.buf, sym.substitute(st.idx, senv), at(st.value, env), st.valid.substitute(senv)))
-  for u in us: stores = _vectorize(stores, u, shared_vars)
+      valid = st.valid.substitute(senv)
+      if not valid.false: stores.append(Store(st.buf, sym.substitute(st.idx, senv), at(st.value, env), valid))
+  masked = caps is not None and caps.masked_vectors
+  for u in us: stores = _vectorize(stores, u, shared_vars, masked)
   tiled = any(kinds[x] is K.UPCAST and not any(x in r.loops for r in toposort(roots) if isinstance(r, Reduce))
               for x in reg)
-  return replace(k, stores=tuple(stores), axes=tuple(a for a in k.axes if a.kind not in REGISTER_KINDS),
+  return replace(k, stores=tuple(stores), axes=tuple(a for a in k.axes if a.var not in regset | set(us)),
                  tiled=k.tiled or tiled)
 
 
@@ -151,7 +191,7 @@ def dedupe(k: Kernel) -> Kernel:
 
   for v in toposort([st.value for st in k.stores]): dd(v)   # children first: no deep recursion
   if not changed[0]: return k
-  return replace(k, stores=tuple(Store(st.buf, st.idx, memo[id(st.value)], st.valid) for st in k.stores))
+  return replace(k, stores=tuple(replace(st, value=memo[id(st.value)]) for st in k.stores))
 
 
 # what a vector UPCAST axis may carry: float32 values of these ops, loads and these reductions (every renderer with
@@ -280,12 +320,25 @@ def _stride(idx: sym.Lin, u: sym.Var) -> int | None:
   return step
 
 
-def _vectorize(stores: list, u: sym.Var, shared: set = frozenset()) -> list:
+def _lane_range(valid: sym.Cond, u: sym.Var) -> tuple | None:
+  """(the parts of valid that do not depend on u, (lo, hi)) where the parts that do are one range over u plus a
+  term without it (lo <= x + u < hi: a padded axis's guard, x its vector's first index): the lanes lo - x <= u <
+  hi - x hold it. None otherwise."""
+  mine = [p for p in valid.parts if u in sym.variables(p[0])]
+  if len(mine) != 1 or _stride(mine[0][0], u) != 1: return None
+  x, lo, hi = mine[0]
+  rest = sym.lin(x) - sym.lin(u)
+  return sym.Cond(tuple(p for p in valid.parts if p is not mine[0])), (sym.lin(lo) - rest, sym.lin(hi) - rest)
+
+
+def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool = False) -> list:
   """Stores whose values still depend on the vector axis u, with those values as vectors of u's lanes: loads
   contiguous along u become vector loads (others one load per lane), arithmetic and reductions run on vectors,
   a reduction over u keeps a vector accumulator folded lane by lane in order (as expand's scalar accumulators
   are; over a work-group's shared axis too, the lanes fold first: the group combines scalars), and stores
-  contiguous along u become vector stores."""
+  contiguous along u become vector stores. With `masked` (Caps.masked_vectors), a contiguous load or store whose
+  condition bounds u's lanes (a padded axis's last vector: `o < 200` for o = 16*b + u) is a masked one
+  (Load.lanes) instead of one per lane."""
   n = u.hi + 1
   roots = [st.value for st in stores]
   deps = dependencies(roots)
@@ -335,6 +388,8 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset()) -> list:
         r = tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
       elif _stride(v.idx, u) == 1 and u not in v.valid.variables():
         r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)
+      elif masked and _stride(v.idx, u) == 1 and (lr := _lane_range(v.valid, u)) is not None:
+        r = Load(v.buf, sym.substitute(v.idx, at[0]), lr[0], vd, lr[1])
       else:
         r = Vectorize(tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at), vd)
     elif isinstance(v, LocalLoad):
@@ -382,8 +437,11 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset()) -> list:
     on_u = u in sym.variables(st.idx) or u in st.valid.variables()
     if not on_u and u not in deps[id(st.value)]:   # not along u (maybe a vector of another axis): as it is
       out.append(Store(st.buf, st.idx, val, st.valid))
-    elif isvec(val) and _stride(st.idx, u) == 1 and u not in st.valid.variables():
-      out.append(Store(st.buf, sym.substitute(st.idx, at[0]), val, st.valid))
+    elif (isvec(val) or (not islanes(val) and val.dtype is dt.float32)) and _stride(st.idx, u) == 1 and \
+        u not in st.valid.variables():   # (a value the same in every lane, a constant: broadcast)
+      out.append(Store(st.buf, sym.substitute(st.idx, at[0]), as_vec(val), st.valid))
+    elif masked and isvec(val) and _stride(st.idx, u) == 1 and (lr := _lane_range(st.valid, u)) is not None:
+      out.append(Store(st.buf, sym.substitute(st.idx, at[0]), val, lr[0], lr[1]))
     else:
       for i, e in enumerate(at):
         out.append(Store(st.buf, sym.substitute(st.idx, e), lane(val, i), st.valid.substitute(e)))
@@ -516,7 +574,7 @@ def group(k: Kernel) -> Kernel:
   stores = []
   for st in k.stores:
     own = (sym.variables(st.idx) | st.valid.variables()) & loops
-    stores.append(Store(st.buf, st.idx, rw(st.value), st.valid if own else st.valid & first))
+    stores.append(replace(st, value=rw(st.value), valid=st.valid if own else st.valid & first))
   return replace(k, stores=tuple(stores))
 
 

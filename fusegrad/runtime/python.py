@@ -161,13 +161,23 @@ class Interpreter:
       elif isinstance(st, StoreSt):
         d = self.k.bufs[st.buf].dtype
         ok = np.broadcast_to(np.asarray(sym.evaluate_cond(st.valid, env)), (n,))
-        pos = np.broadcast_to(sym.evaluate(st.idx, env), (n,))[ok]
+        pos = np.broadcast_to(sym.evaluate(st.idx, env), (n,))
         shape = (n,)
-        if st.vec is not None:   # a vector value: lanes at consecutive positions
+        if st.vec is not None:   # a vector value: lanes at consecutive positions (a masked store: some of them)
           pos, shape = pos[:, None] + np.arange(st.vec.count), (n, st.vec.count)
+          ok = ok[:, None] & (self._lanes(st.lanes, st.vec.count, env, n) if st.lanes else True)
+          ok = np.broadcast_to(ok, shape)
+        pos = pos[ok]
         val = np.broadcast_to(np.asarray(env[st.arg]), shape)[ok]
         bufs[st.buf][pos] = _bf16_round(val) if d == dt.bfloat16 else _cast(val, d).astype(d.np)
       i += 1
+
+  @staticmethod
+  def _lanes(lanes: tuple, count: int, env, n: int) -> np.ndarray:
+    """[items, lanes]: the lanes lo <= i < hi a masked load or store touches (ir.Load.lanes)."""
+    lo, hi = (np.broadcast_to(np.asarray(sym.evaluate(x, env)), (n,))[:, None] for x in lanes)
+    i = np.arange(count)
+    return (i >= lo) & (i < hi)
 
   def _uniform(self, c: sym.Cond, env) -> bool:
     """A condition over the loops of the work-group (the same for every item: a prefetch's next step)."""
@@ -231,6 +241,7 @@ class Interpreter:
       if isinstance(v.dtype, VecDType):   # lanes at consecutive positions, under the item's one condition
         idx = np.broadcast_to(idx, (n,))[:, None] + np.arange(v.dtype.count)
         valid = np.broadcast_to(valid, (n,))[:, None]
+        if isinstance(v, Load) and v.lanes: valid = valid & self._lanes(v.lanes, v.dtype.count, env, n)
       if isinstance(v, Index): return np.where(valid, idx, 0).astype(_reg(v.dtype))
       b = bufs[v.buf]
       safe = np.where(valid, idx, 0) if b.size else idx
@@ -289,6 +300,7 @@ class PythonDevice(Device):
     from fusegrad.runtime.cpu import host_vectors, host_vector_widths, tile_caps
     regs, lanes, _ = host_vectors()
     self._caps = Caps(has_local=True, max_local=1024, local_bytes=1 << 16, vector_widths=host_vector_widths((4, 8, 16)),
+                      masked_vectors=True,
                       vector_registers=regs, native_lanes=lanes, **tile_caps(regs, lanes))
   @property
   def caps(self): return self._caps

@@ -376,12 +376,20 @@ def test_heuristic_gathers_the_columns_of_a_short_strided_product(rows, cols, kd
   assert heuristic.gathered_tile(item.kernel, caps) == []
 
 
-def test_heuristic_expands_a_concatenated_row_whole(rng):
+def _guards_left(k, caps) -> list:
+  """The conditions left on k's loads and Valid values once its register axes are expanded."""
+  from fusegrad.codegen import passes
+  from fusegrad.codegen.ir import toposort, Load, Valid
+  ke = passes.expand(k, caps)
+  vals = [x for st in ke.stores for x in toposort([st.value])]
+  return [x for x in vals if (isinstance(x, Load) and x.valid.parts) or (isinstance(x, Valid) and x.cond.parts)]
+
+
+def test_heuristic_cuts_a_concatenated_row_into_pieces(rng):
   """An elementwise kernel whose innermost axis is read through the bounds of a concatenation's parts (the gradient
-  of q, k, v split from one [B, T, 96] tensor: each part's load and select guarded by `32 <= o < 64`), bounds that a
-  vector width divides, is expanded whole (UPCAST of 16, then of the 6 blocks): every copy's conditions are
-  constants, no guarded load is left (as a loop of 16, gcc vectorized none of them). Bounds that no vector width
-  divides leave the rule out."""
+  of q, k, v split from one [B, T, 96] tensor: each part's load and select guarded by `32 <= o < 64`) is cut into
+  PIECES at those bounds, then its pieces' lanes are vectors: every copy's conditions are decided and folded, no
+  guarded load is left (as a loop of 16, gcc vectorized none of them). Parts of 18 and 14: 16 pieces of 2."""
   import torch
   x0 = rng.standard_normal((8, 32, 96)).astype(np.float32)
   ws = [rng.standard_normal(s).astype(np.float32) for s in ((8, 2, 32, 16), (8, 2, 16, 32), (8, 2, 32, 16))]
@@ -395,18 +403,71 @@ def test_heuristic_expands_a_concatenated_row_whole(rng):
   caps = _avx512(rd.get("PYTHON").caps)
   assert [a.size for a in item.kernel.axes][-1] == 96
   opts = heuristic.hand_coded(item.kernel, caps)
-  assert _upcasts(item.kernel, opts, caps) == [(96, 16), (6, 6)], opts
-  from fusegrad.codegen import passes
-  from fusegrad.codegen.ir import toposort, Load, Valid
-  ke = passes.expand(apply_opts(item.kernel, opts, caps), caps)
-  vals = [x for st in ke.stores for x in toposort([st.value])]
-  assert not any(x.valid.parts for x in vals if isinstance(x, Load)) and not any(x.cond.parts for x in vals if isinstance(x, Valid))
+  assert opts[0] == Opt(OptOp.PIECES, len(item.kernel.axes) - 1, 3), opts
+  assert _upcasts(item.kernel, opts, caps) == [(32, 16)], opts
+  assert not _guards_left(apply_opts(item.kernel, opts, caps), caps)
   want = grad(torch, torch.tensor(x0, requires_grad=True)).numpy()
   np.testing.assert_array_equal(run(item, tuple(opts)), want)
   np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), want)
   q, v = rng.standard_normal((8, 32, 18)).astype(np.float32), rng.standard_normal((8, 32, 14)).astype(np.float32)
   item = one_kernel(fg.cat([fg.Tensor(q), fg.Tensor(v)], -1) * 2)
-  assert heuristic._constant_blocks(item.kernel, item.kernel.axes[-1].var, caps) is None
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert opts == [Opt(OptOp.PIECES, len(item.kernel.axes) - 1, 16)], opts
+  assert not _guards_left(apply_opts(item.kernel, opts, caps), caps)
+  np.testing.assert_array_equal(run(item, tuple(opts)), np.concatenate([q, v], -1) * 2)
+
+
+def test_pieces_fold_a_concatenation_of_gate_gradients(rng):
+  """An LSTM's four gate gradients concatenated into [20, 800] (each part its own function with an exp or tanh,
+  guarded by `200 <= o < 400`): PIECES of 200 and vectors of 8 in each piece; each copy computes only its part's
+  terms (one transcendental function per element instead of four), and -0.0 stays -0.0 where a part holds it (as
+  PyTorch's cat keeps it: the ruled-out parts' zeros are not added). Values against torch, on the interpreter and
+  the CPU."""
+  import torch
+  xs = [rng.standard_normal((20, 200)).astype(np.float32) for _ in range(4)]
+  xs[3][0, :5] = -0.0
+  def gates(lib, ts):
+    i, f, g, o = ts
+    return lib.cat([lib.sigmoid(i) * 2, lib.exp(-f.abs()), lib.tanh(g), o * 1.0], 1)
+  item = one_kernel(gates(fg, [fg.Tensor(x) for x in xs]))
+  caps = _avx512(rd.get("PYTHON").caps)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert opts[:1] == [Opt(OptOp.PIECES, len(item.kernel.axes) - 1, 4)] and _upcasts(item.kernel, opts, caps) == [(200, 8)], opts
+  k = apply_opts(item.kernel, opts, caps)
+  assert not _guards_left(k, caps)
+  from fusegrad.codegen import passes
+  from fusegrad.codegen.ir import toposort, Alu
+  ke = passes.expand(k, caps)
+  transcendental = [x for st in ke.stores for x in toposort([st.value]) if isinstance(x, Alu) and x.op in ("EXP", "TANH")]
+  assert len(transcendental) <= 3, len(transcendental)   # one per part that has one, not one per part per piece
+  want = gates(torch, [torch.tensor(x) for x in xs]).numpy()
+  for dev in ("PYTHON", "CPU"):
+    got = run(item, tuple(opts), dev)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    assert np.signbit(got[0, 600:605]).all()
+
+
+def test_padded_columns_load_and_store_masked_vectors(rng):
+  """A product whose 200 columns are padded to 13 vectors of 16 (a hidden size of 200) reads its column operand with
+  masked vector loads (ir.Load.lanes, Caps.masked_vectors): the last vector's lanes past column 200 are not read,
+  instead of 16 scalar loads a lane whose index wraps (`% 200`) per step of the reduction. Its outputs are masked
+  vector stores. Values against numpy on the interpreter (which checks the masks) and the CPU."""
+  from fusegrad.codegen import passes
+  from fusegrad.codegen.ir import toposort, Load, Vectorize
+  a, w, c = (rng.standard_normal(s).astype(np.float32) for s in ((20, 800), (800, 200), (20, 200)))
+  item = one_kernel(fg.Tensor(a) @ fg.Tensor(w) + fg.Tensor(c))
+  caps = _avx512(rd.get("PYTHON").caps)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert Opt(OptOp.PADTO, 2, 16) in opts, opts
+  ke = passes.expand(apply_opts(item.kernel, opts, caps), caps)
+  vals = [x for st in ke.stores for x in toposort([st.value])]
+  masked = [x for x in vals if isinstance(x, Load) and x.lanes]
+  gathered = [x for x in vals if isinstance(x, Vectorize) and len({id(c) for c in x.src}) > 1]   # (not a broadcast)
+  assert masked and not gathered, gathered
+  assert all(st.lanes for st in ke.stores)
+  want = a @ w + c
+  for dev in ("PYTHON", "CPU"):
+    np.testing.assert_allclose(run(item, tuple(opts), dev), want, rtol=1e-4, atol=1e-3)
 
 
 def test_contiguous_output_axes_merge_before_tiling(rng):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 from fusegrad.graph import symbolic as sym
-from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, REGISTER_KINDS, SHARED_KINDS, substitute_kernel,
+from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, REGISTER_KINDS, SHARED_KINDS, substitute_kernel,
                                  toposort, dependencies, guard, axis_variables)
 from fusegrad.codegen.opt import tc as tcs
 from fusegrad.codegen.renderer.base import Caps
@@ -34,6 +34,9 @@ class OptOp(enum.Enum):
                        # reduction axis K: one warp per tile (_tc)
   PREFETCH = "prefetch"  # the STAGE axis's next tile loaded into registers while each step computes, then stored
                          # into local memory: one buffer (arg 1) or two taken in turn (arg 2) (_prefetch)
+  PIECES = "pieces"    # cut a global or loop axis into `arg` consecutive pieces, the kernel's body copied once per
+                       # piece (an UNROLL axis outside the rest: v = piece * size/arg + inner): where conditions cut
+                       # the axis at the pieces' bounds (a concatenation), each copy keeps only its piece's terms
   READAHEAD = "readahead"  # the loads that step at least a cache line per iteration of the reduction loop `axis`
                            # asked for `arg` bytes ahead of their use (software prefetch: _read_ahead)
 
@@ -75,7 +78,8 @@ def _register_count(k: Kernel) -> int:
   softmax's max: none of its outputs' lanes)."""
   reds = _reduces(k)
   inside = {v for r in reds for v in r.loops}
-  size = {a.var: a.size for a in k.axes if a.kind in REGISTER_KINDS}
+  size = {a.var: a.size for a in k.axes if a.kind is K.UPCAST or (a.kind is K.UNROLL and a.var in inside)}
+  # (an UNROLL output axis, PIECES: each copy's values are made and stored before the next copy's, not held together)
   tile = [v for v in size if v not in inside]
   out = 1
   for v in tile: out *= size[v]
@@ -105,6 +109,25 @@ def _split(k: Kernel, i: int, n: int, inner_kind: AxisKind) -> Kernel:
   end = None if a.end is None else sym.div(a.end + (n - 1), n)
   axes = k.axes[:i] + (Axis(vo, a.kind, end), Axis(vi, inner_kind)) + k.axes[i + 1:]
   return substitute_kernel(k, {v: sym.lin(vo) * n + vi}, {v: (vo, vi)}, axes)
+
+
+def _pieces(k, opt, a, caps):
+  """Axis a (size s) becomes pieces (arg, UNROLL: expanded, one copy of the body per piece) and inner (s // arg, a's
+  kind) after it: v = piece * (s // arg) + inner. In each copy the piece is a constant, so a condition that bounds v at
+  multiples of s // arg (a concatenation's parts: `200 <= v < 400`) is decided: the copy reads its own part without a
+  condition and computes no other part's terms."""
+  _need(a.kind in (K.GLOBAL, K.LOOP), opt, k, f"only a global or loop axis is cut into pieces, this one is {a.kind.value}")
+  _need(a.end is None, opt, k, f"the axis {a} has a size known at run time only")
+  _check_split(k, opt, a)
+  i, v = opt.axis, a.var
+  if opt.arg == a.size: return replace(k, axes=k.axes[:i] + (Axis(v, K.UNROLL),) + k.axes[i + 1:])
+  n = a.size // opt.arg
+  taken = {x.var.name for x in k.axes}
+  name = v.name
+  while name + "c" in taken or name + "i" in taken: name += "_"
+  vc, vi = sym.Var(name + "c", 0, opt.arg - 1), sym.Var(name + "i", 0, n - 1)
+  axes = k.axes[:i] + (Axis(vc, K.UNROLL), Axis(vi, a.kind)) + k.axes[i + 1:]
+  return substitute_kernel(k, {v: sym.lin(vc) * n + vi}, {v: (vc, vi)}, axes)
 
 
 def _check_split(k: Kernel, opt: Opt, a: Axis) -> None:
@@ -281,8 +304,17 @@ def _padto(k, opt, a, caps):
   vp = sym.Var(name, 0, new - 1)
   inside = sym.Cond.range(sym.lin(vp), 0, a.size)
   k = substitute_kernel(k, {v: sym.lin(vp)}, {v: (vp,)}, k.axes[:opt.axis] + (Axis(vp, a.kind, a.end),) + k.axes[opt.axis + 1:])
-  # (a kernel without reductions keeps its guards: a wrapped index would put a modulo where a split loop removed one)
-  return guard(k, vp, inside, wrap=a.size if _reduces(k) else 0)
+  # (a kernel without reductions keeps its guards: a wrapped index would put a modulo where a split loop removed one;
+  # so does an axis that loads read along by 1, where the device has masked vectors: its last vector is a masked
+  # load (a padded column panel), where a wrapped one would be gathered lane by lane)
+  wrap = bool(_reduces(k)) and not (caps.masked_vectors and _read_along(k, vp))
+  return guard(k, vp, inside, wrap=a.size if wrap else 0)
+
+
+def _read_along(k: Kernel, var) -> bool:
+  """Does some load of k step by 1 along var?"""
+  return any(isinstance(v, Load) and dict(sym.lin(v.idx).terms).get(var) == 1
+             for st in k.stores for v in toposort([st.value]))
 
 
 def tc_axes(k: Kernel, kaxis: Axis, tc) -> tuple | str:
@@ -339,4 +371,4 @@ def _reduces(k: Kernel) -> list:
 
 _APPLY = {OptOp.UPCAST: _upcast, OptOp.UNROLL: _unroll, OptOp.LOCAL: _local, OptOp.GROUP: _group, OptOp.SWAP: _swap,
           OptOp.PADTO: _padto, OptOp.LOOP: _loop, OptOp.STAGE: _stage, OptOp.TC: _tc, OptOp.PREFETCH: _prefetch,
-          OptOp.READAHEAD: _read_ahead}
+          OptOp.READAHEAD: _read_ahead, OptOp.PIECES: _pieces}

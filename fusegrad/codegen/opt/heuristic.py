@@ -24,12 +24,13 @@ kernel and the device's capabilities (renderer/base.Caps).
 The column and reduction lanes become vector values where the device has vectors (codegen/passes.vector_axes).
 """
 from __future__ import annotations
+import math
 from fusegrad.graph import symbolic as sym
 from fusegrad.codegen.ir import (Kernel, AxisKind, Reduce, Load, Gather, Index, Valid, Alu, toposort, dependencies,
                                  index_exprs)
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen.opt.actions import Opt, OptOp, OptError, apply_opt, tc_axes
-from fusegrad.codegen.passes import vector_axes, OP_WORK, streamed_loads
+from fusegrad.codegen.passes import vector_axes, OP_WORK, streamed_loads, expand_pieces
 
 K = AxisKind
 # a register-tiled kernel keeps at least this many work items
@@ -375,12 +376,14 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     return opts
   if not reduces and caps.vector_widths and k.of_kind(K.GLOBAL):
     # elementwise: the innermost output axis in vector lanes, where every value along it is a vector op
+    done = len(k.opts)
+    k = _pieces(k, caps)
+    opts += list(k.opts[done:])
+    if not k.of_kind(K.GLOBAL): return opts   # (cut whole: every index its own piece)
     g = k.of_kind(K.GLOBAL)[-1].var
     w = next((w for w in sorted(caps.vector_widths, reverse=True) if (g.hi + 1) % w == 0 and k.groups >= w * MIN_PARALLEL),
              None)
     kv = _in_vectors(k, g, w, caps) if w is not None else None
-    if kv is None and (kb := _constant_blocks(k, g, caps)) is not None:
-      return opts + list(kb.opts[len(k.opts):])
     if kv is not None:
       k = kv
       opts.append(kv.opts[-1])
@@ -590,17 +593,32 @@ def gathered_tile(k: Kernel, caps: Caps) -> list:
 
 
 # a row read through the bounds of a concatenation's parts is expanded whole where it holds at most this many vectors
-BLOCK_VECTORS = 16
+# the most pieces a concatenated axis is cut into (PIECES)
+MAX_PIECES = 64
 
 
-def _constant_blocks(k: Kernel, var, caps: Caps) -> Kernel | None:
-  """k with its innermost output axis var expanded whole in registers (UPCAST of a vector width w, then UPCAST of the
-  w-blocks), where var is read through conditions on var alone whose bounds are multiples of w (a concatenation along
-  the last dim: the q, k and v gradients into one [B, T, 3C] tensor, each part's load guarded by `32 <= o < 64`): each
-  copy's conditions are then constants, and its loads and stores plain ones in straight-line code (the vector pass
-  takes no lanes under a condition on them; the C compiler's SLP vectorizer merges the copies). As a loop of 16 per
-  work item gcc vectorized none of the guarded loads: the [8, 32, 96] concatenation 45 -> 3 us on a 2-core Xeon.
-  None where that does not apply (no such condition, no width divides, too many blocks, too few work items)."""
+def _pieces(k: Kernel, caps: Caps) -> Kernel:
+  """k with its innermost global axis, where conditions on it alone cut it into parts (a concatenation: the four gates'
+  gradients of an LSTM into one [20, 800] tensor, each part's loads and selects guarded by `200 <= o < 400`), cut into
+  PIECES at those parts' bounds (their greatest common divisor with the size, at most MAX_PIECES pieces): every
+  copy's conditions are decided (passes.expand folds them), so it reads its own part with plain loads and computes
+  no other part's terms. Guarded, each element computed every part's terms and selected one: the LSTM's [20, 800]
+  gate gradients (four parts with an exp each) 350 -> 40 us a call (gcc vectorized none of the guarded loads; the
+  vector pass takes no lanes under a condition on them). Not an outer axis: a [35, 20, 800] stack of 35 steps cut
+  so writes 35 places per work item, 1.6x slower than its guarded loads (whose conditions are the same for a whole
+  row)."""
+  a = k.of_kind(K.GLOBAL)[-1]
+  cuts = _cut_points(k, a.var)
+  if not cuts or a.size // math.gcd(a.size, *cuts) > MAX_PIECES: return k
+  try:
+    return apply_opt(k, Opt(OptOp.PIECES, k.axis_index(a.var), a.size // math.gcd(a.size, *cuts)), caps)
+  except OptError:
+    return k
+
+
+def _cut_points(k: Kernel, var) -> set | None:
+  """The indices inside axis var where k's conditions on it cut it (a concatenation's parts' bounds), or None where
+  some condition reads var with anything else (a padded window: `1 <= h + kh < 57`)."""
   bounds, size = set(), var.hi + 1
   for cond in _conditions(k):
     for x, lo, hi in cond.parts:
@@ -608,15 +626,7 @@ def _constant_blocks(k: Kernel, var, caps: Caps) -> Kernel | None:
       if var not in sym.variables(x): continue
       if x.terms != ((var, 1),): return None
       bounds |= {lo - x.const, hi - x.const}
-  if not bounds: return None
-  w = next((w for w in sorted(caps.vector_widths, reverse=True)
-            if size % w == 0 and all(b % w == 0 for b in bounds)), None)
-  if w is None or size // w > BLOCK_VECTORS or k.groups // size < MIN_PARALLEL: return None
-  try:
-    kv = apply_opt(k, Opt(OptOp.UPCAST, k.axis_index(var), w), caps)
-    return apply_opt(kv, Opt(OptOp.UPCAST, k.axis_index(var), size // w), caps) if size > w else kv
-  except OptError:
-    return None
+  return {b for b in bounds if 0 < b < size}
 
 
 def _conditions(k: Kernel) -> list:
@@ -637,7 +647,8 @@ def _in_vectors(k: Kernel, var, width: int, caps: Caps) -> Kernel | None:
   except OptError:
     return None
   new = {a.var for a in kv.axes if a.kind is K.UPCAST} - {a.var for a in k.axes if a.kind is K.UPCAST}
-  return kv if new & set(vector_axes(kv, caps, dependencies([st.value for st in kv.stores]))) else None
+  kx = expand_pieces(kv)   # (what the vector pass sees: a concatenation's parts each its own copy)
+  return kv if new & set(vector_axes(kx, caps, dependencies([st.value for st in kx.stores]))) else None
 
 
 # ---- GPUs (caps.has_local and not prefers_blocking): work-groups -----------------------------------------------

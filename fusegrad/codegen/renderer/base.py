@@ -10,6 +10,9 @@ class Caps:
   max_local: int = 0             # work items per work-group
   local_bytes: int = 0           # local (shared) memory per work-group
   vector_widths: tuple = ()      # float32 vector widths the renderer spells as vector types
+  # vector loads and stores of a contiguous range of their lanes (ir.Load.lanes, ir.Store.lanes: a padded axis's
+  # last vector), which touch no memory outside it; without them such lanes are read and written one by one
+  masked_vectors: bool = False
   # the tensor cores (codegen/opt/tc.TensorCore records) the renderer spells as warp-level matrix multiply-accumulates
   # (ir.Mma): the TC action is legal only with one of them. The OPENCL renderer of an NVIDIA GPU declares its
   # architecture's entries of tc.TENSOR_CORES (inline PTX: runtime/opencl.py); C cannot spell an Mma; the PYTHON

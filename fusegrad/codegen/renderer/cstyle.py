@@ -97,6 +97,11 @@ class CStyleRenderer:
   def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"fg_vload_{self.vec_type(d)}({ptr}+{idx})"
   def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str:
     return f"fg_vstore_{self.vec_type(d)}(b{buf}+{idx}, {val});"
+  # a masked load or store (ir.Load.lanes): only lanes lo <= i < hi (Caps.masked_vectors: the C renderer's)
+  def vload_masked(self, buf: int, idx: str, d: VecDType, lo: str, hi: str) -> str:
+    return f"fg_vloadm_{self.vec_type(d)}(b{buf}+{idx}, {lo}, {hi})"
+  def vstore_masked(self, buf: int, idx: str, val: str, d: VecDType, lo: str, hi: str) -> str:
+    return f"fg_vstorem_{self.vec_type(d)}(b{buf}+{idx}, {val}, {lo}, {hi});"
   def valu(self, op: str, d: VecDType, a: list, srcs: tuple = ()) -> str:
     ops = {"ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/", "CMPLT": "<", "CMPLE": "<=", "CMPEQ": "==", "CMPNE": "!="}
     if op in ops: return f"({a[0]}{ops[op]}{a[1]})"
@@ -162,7 +167,8 @@ class CStyleRenderer:
 
   def value(self, v, a: list) -> str:
     if isinstance(v, Load):
-      ld = self.vload(v.buf, self.idx(v.idx), v.dtype) if isinstance(v.dtype, VecDType) else \
+      ld = self.vload(v.buf, self.idx(v.idx), v.dtype) if isinstance(v.dtype, VecDType) and not v.lanes else \
+          self.vload_masked(v.buf, self.idx(v.idx), v.dtype, *map(self.idx, v.lanes)) if v.lanes else \
           self.load(v.buf, self.idx(v.idx), v.dtype)
       return ld if v.valid.is_true else f"({self.cond(v.valid)}?{ld}:{self.literal(0, v.dtype)})"
     if isinstance(v, LocalLoad):
@@ -298,7 +304,8 @@ class CStyleRenderer:
     for a in st.args: w.out(self.update(st.reduce, st.name, a))
 
   def _store(self, st: StoreSt, w: "_Walk") -> None:
-    line = self.vstore(st.buf, self.idx(st.idx), st.arg, st.vec) if st.vec is not None else \
+    line = self.vstore_masked(st.buf, self.idx(st.idx), st.arg, st.vec, *map(self.idx, st.lanes)) if st.lanes else \
+        self.vstore(st.buf, self.idx(st.idx), st.arg, st.vec) if st.vec is not None else \
         self.store(st.buf, self.idx(st.idx), st.arg, w.k.bufs[st.buf].dtype)
     w.out(line if st.valid.is_true else f"if ({self.cond(st.valid)}) {line}")
 
@@ -336,6 +343,9 @@ class CStyleRenderer:
 _C_PRELUDE = r"""#include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 static inline long long fg_floordiv(long long a, long long b) { long long q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline long long fg_floormod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline float fg_bf16_to_f32(unsigned short h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -468,6 +478,35 @@ def _c_vectors(widths) -> str:
             f"typedef int32_t {m} __attribute__((vector_size({4 * n})));",
             f"static inline {t} fg_vload_{t}(const float* p) {{ {t} v; memcpy(&v, p, sizeof v); return v; }}",
             f"static inline void fg_vstore_{t}(float* p, {t} v) {{ memcpy(p, &v, sizeof v); }}"]
+    # masked loads and stores (ir.Load.lanes): lanes lo <= i < hi, no memory touched outside them. AVX-512's and
+    # AVX's masked moves where the compiler targets them (the mask is loop-invariant: gcc hoists it out of a
+    # reduction loop), else lane by lane
+    # (width: the AVX-512 feature, intrinsics' prefix, mask type, vector type, integer vector type)
+    isa = {16: ("__AVX512F__", "_mm512", "__mmask16", "__m512", "__m512i"),
+           8: ("__AVX512VL__", "_mm256", "__mmask8", "__m256", "__m256i"),
+           4: ("__AVX512VL__", "_mm", "__mmask8", "__m128", "__m128i")}.get(n)
+    load = [f"static inline {t} fg_vloadm_{t}(const float* p, long long lo, long long hi) {{",
+            f"  lo = lo < 0 ? 0 : lo; hi = hi > {n} ? {n} : hi;"]
+    store = [f"static inline void fg_vstorem_{t}(float* p, {t} v, long long lo, long long hi) {{",
+             f"  lo = lo < 0 ? 0 : lo; hi = hi > {n} ? {n} : hi;"]
+    if isa:
+      feat, mm, mt, vt, it = isa
+      mask = f"({mt})(hi > lo ? ((1u << hi) - 1u) & ~((1u << lo) - 1u) : 0u)"
+      load += [f"#if defined({feat})", f"  return ({t}){mm}_maskz_loadu_ps({mask}, p);"]
+      store += [f"#if defined({feat})", f"  {mm}_mask_storeu_ps(p, {mask}, ({vt})v);"]
+      if n < 16:   # AVX's vmaskmovps: a lane mask of sign bits
+        iota = f"({m}){{{','.join(map(str, range(n)))}}}"
+        k = f"({it})(({iota} >= ({m}){{0}} + (int)lo) & ({iota} < ({m}){{0}} + (int)hi))"
+        load += ["#elif defined(__AVX__)", f"  return ({t}){mm}_maskload_ps(p, {k});"]
+        store += ["#elif defined(__AVX__)", f"  {mm}_maskstore_ps(p, {k}, ({vt})v);"]
+      load.append("#else")
+      store.append("#else")
+    load += [f"  {t} v = ({t}){{0}};", "  for (long long i = lo; i < hi; i++) v[i] = p[i];", "  return v;"]
+    store += ["  for (long long i = lo; i < hi; i++) p[i] = v[i];"]
+    if isa:
+      load.append("#endif")
+      store.append("#endif")
+    out += load + ["}"] + store + ["}"]
     for op, cmp in (("max", ">"), ("min", "<")):
       out.append(f"static inline {t} fg_v{op}_{t}({t} a, {t} b) {{ {m} k = (a {cmp} b) | (a != a); "
                  f"return ({t})((k & ({m})a) | (~k & ({m})b)); }}")
@@ -542,7 +581,7 @@ class CRenderer(CStyleRenderer):
   so a thread pool can split the range."""
   name = "c"
   prelude = _C_PRELUDE
-  caps = Caps(vector_widths=(4, 8, 16))
+  caps = Caps(vector_widths=(4, 8, 16), masked_vectors=True)
 
   # a bool buffer's bytes as unsigned char (a load converts to a _Bool register): gcc 12 vectorizes no loop that
   # loads _Bool beside float (a causal mask's where: ~10x slower)
