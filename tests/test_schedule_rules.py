@@ -57,6 +57,32 @@ def test_reduction_of_a_matmul_is_two_kernels(rng, name, fresh_caches):
   np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-2 if name == "sum" else 1e-3)
 
 
+@pytest.mark.parametrize("readers", ["norm and update", "two updates"])
+def test_a_sum_of_reductions_is_one_kernel(rng, fresh_caches, readers):
+  """A recurrent weight's gradient, the sum over the steps of dgates_t^T @ h_t (autograd's ADDs), read by two kernels
+  (clip_grad_norm_'s norm, the update): one kernel computes every step's reduction and stores the sum, which both
+  read (rules.reduction_sum). Before, each step's reduction was cut (nested under the norm's sum, or shared by the
+  two readers): a kernel and a buffer each, and each reader added all of them up again (an LSTM of 35 steps: 70
+  kernels, 35 [800, 200] buffers read twice). The log names the sum; values against numpy."""
+  T = 6
+  As, Bs = [randn(rng, 4, 64) for _ in range(T)], [randn(rng, 4, 16) for _ in range(T)]
+  g = None
+  for a, b in zip(As, Bs):
+    m = realized(a).T @ realized(b)
+    g = m if g is None else g + m
+  p = realized(randn(rng, 64, 16))
+  outs = [(g * g).sum(), p - 0.1 * g] if readers == "norm and update" else [p - 0.1 * g, p * g]
+  with fg.track() as t:
+    fg.realize(*outs)
+  sums = [k for k in t.kernels if k.flops >= T * 2 * 4 * 64 * 16]
+  assert len(sums) == 1 and len(t.kernels) <= 4, [k.name for k in t.kernels]
+  want = sum(a.astype(np.float64).T @ b for a, b in zip(As, Bs))
+  pn = p.numpy()
+  got = [o.numpy() for o in outs]
+  wants = [(want * want).sum(), pn - 0.1 * want] if readers == "norm and update" else [pn - 0.1 * want, pn * want]
+  for x, w in zip(got, wants): np.testing.assert_allclose(x, w, rtol=1e-4, atol=1e-3)
+
+
 def test_matmul_reduction_work_is_bounded(rng, fresh_caches):
   """Fused, (a @ b).sum() ran all of the matmul in one work item; cut, no kernel does more than a few dot products
   per work item, and the kernels' work adds up to about the matmul's."""

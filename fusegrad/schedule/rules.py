@@ -282,8 +282,11 @@ def _panel_width(device: str, dtype, n: int, k: int, m: int) -> int:
   from fusegrad.runtime import device as rd
   caps = rd.get(device).caps
   if not caps.prefers_blocking or caps.has_local: return 0
-  p = max((w for w in caps.vector_widths if m % w == 0), default=0)
-  return p if p >= 8 and m >= 4 * p else 0
+  # the register tile's vector width (a panel of fewer columns leaves the tile without its column vectors: 200
+  # columns in panels of 8 ran a [700, 800] @ [800, 200] product as lanes along its reduction, 11 GFLOP/s)
+  from fusegrad.codegen.opt.heuristic import tile_lanes
+  p = tile_lanes(caps)
+  return p if m % p == 0 and p >= 8 and m >= 4 * p else 0
 
 
 def layout_operand(r: Node):
@@ -350,13 +353,42 @@ def _reads_once(n: Node) -> bool:
     len({st for st, s in zip(v.strides, v.shape) if s > 1}) == sum(1 for s in v.shape if s > 1)
 
 
+# the most reductions one kernel adds up where a sum of them is stored whole (reduction_sum)
+ACCUMULATE_MAX = 64
+
+
+def reduction_sum(x: Node, is_cut, budget: list) -> list | None:
+  """The reductions x adds up when x is a sum (a tree of ADDs, at x's size) of reductions (each maybe seen through a
+  view of its size) and of stored values: a recurrent weight's gradient, the sum over the steps of dgates_t^T @ h_t
+  that autograd adds up as the backward goes. None otherwise, or past `budget[0]` reductions (a one-item list,
+  decremented)."""
+  out, stack = [], [x]
+  while stack:
+    y = stack.pop()
+    if y.numel != x.numel: return None
+    if y.realized or is_cut(y): continue
+    if y.op == "ADD":
+      stack.extend(y.src)
+      continue
+    z = y.src[0] if y.op == "VIEW" and y.src[0].numel == y.numel else y
+    if z.op != "REDUCE" or (z is not y and (z.realized or is_cut(z))): return None
+    out.append(z)
+    budget[0] -= 1
+    if budget[0] < 0: return None
+  return out
+
+
 def nested_reduction_cuts(order: list[Node], is_cut) -> dict[int, tuple[Node, str]]:
   """One pass over the graph (sources first): a reduction R whose source reaches another reduction X through
   elementwise ops and views that read each element once recomputes X in every iteration of its loop, serially
   and without the blocking a matmul needs ((a @ b).sum()). Cut X when X reduces at least `nested_min` elements
   and R's loop makes its work at least `serial_ok`: stored by its own kernel X runs as a matmul and R reads it.
-  (Lowering's facts judge the same case where views are more complex: `nested_reduction`.)"""
+  (Lowering's facts judge the same case where views are more complex: `nested_reduction`.) Where R reaches a sum of
+  such reductions (reduction_sum: a recurrent weight's gradient, read by its norm), the sum is cut whole: one kernel
+  computes its terms and stores it (cut at each term, each was a kernel and a buffer, and every reader of the sum
+  added all of them up again)."""
   cuts: dict[int, tuple[Node, str]] = {}
+  big = lambda x, red_r, p: (red := prod(x.src[0].shape[a] for a in x.arg[1])) >= p.nested_min and red * red_r >= p.serial_ok
   for r in order:
     if r.op != "REDUCE" or r.realized: continue
     p = params(r.device)
@@ -367,9 +399,13 @@ def nested_reduction_cuts(order: list[Node], is_cut) -> dict[int, tuple[Node, st
       if id(x) in seen or x.realized or is_cut(x) or id(x) in cuts: continue
       seen.add(id(x))
       if x.op == "REDUCE":
-        red_x = prod(x.src[0].shape[a] for a in x.arg[1])
-        if red_x >= p.nested_min and red_x * red_r >= p.serial_ok:
+        if big(x, red_r, p):
           cuts[id(x)] = (x, reason("nested_reduction", "a reduction recomputed in every iteration of another's loop"))
+        continue
+      if x.op == "ADD" and (terms := reduction_sum(x, is_cut, [ACCUMULATE_MAX])) and len(terms) > 1 and \
+         any(big(t, red_r, p) for t in terms):
+        cuts[id(x)] = (x, reason("nested_reduction", f"a sum of {len(terms)} reductions recomputed in every iteration of "
+                                                     "another's loop"))
         continue
       if x.op == "VIEW" and not _reads_once(x): continue
       if x.op in ("CAST", "CONTIGUOUS", "VIEW") or (x.op not in ("GATHER", "COPY", "CONST", "IOTA", "BUFFER")

@@ -436,9 +436,9 @@ def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> l
     lowering found in it re-walked every later step's region)."""
     while touched:
       shared = {x for k in touched for x in region.get(id(k), ()) if len(member_of.get(x, ())) > 1}
-      new = []
+      new, covered = [], set()   # (the terms of a sum of reductions cut whole this round: shared no more)
       for x in sorted(shared, key=pos.__getitem__):
-        if x in cut: continue
+        if x in cut or x in covered: continue
         n = byid[x]
         if n.op != "REDUCE":
           if (n.op in ops.ALU or n.op == "CAST") and \
@@ -447,9 +447,13 @@ def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> l
             why[x] = rules.reason("shared_value", f"a long elementwise value {len(member_of[x])} kernels would compute")
             cut.add(x); new.append(n)
           continue
-        e = _epilogue_end(n, consumers, cut)
+        e0 = _epilogue_end(n, consumers, cut)
+        e = _accumulation_end(e0, consumers, cut)
+        terms = rules.reduction_sum(e, lambda y: id(y) in cut, [rules.ACCUMULATE_MAX]) if e is not e0 else None
+        covered |= {id(t) for t in terms or ()}
         if id(e) not in cut:
-          why[id(e)] = rules.reason("shared_reduction", f"a reduction {len(member_of[x])} kernels read" +
+          what = f"a sum of {len(terms)} reductions" if terms else "a reduction"
+          why[id(e)] = rules.reason("shared_reduction", f"{what} {len(member_of[x])} kernels read" +
                                     ("" if e is n else " (stored after its epilogue)"))
           cut.add(id(e)); new.append(e)
       touched = add_cuts(new)
@@ -519,6 +523,21 @@ def _epilogue_end(r: Node, consumers: dict, cut: set) -> Node:
     region[id(nxt)] = nxt
     exits = [n for n in region.values() if any(u is None or id(u) not in region for u in consumers.get(id(n), ()))]
     if len(exits) == 1 and exits[0] is nxt: end = nxt
+  return end
+
+
+def _accumulation_end(e: Node, consumers: dict, cut: set) -> Node:
+  """Where a reduction's value e (after its epilogue) is one term of a sum of reductions of its size
+  (rules.reduction_sum: a recurrent weight's gradient over the steps), the root of that sum, while it holds at most
+  rules.ACCUMULATE_MAX reductions: one kernel computes them all and stores the sum, which its readers (the
+  gradient's norm, the update) read; cut at each term, every term was a kernel and a buffer, and every reader added
+  up all of them again. e itself where its value has another use."""
+  end, budget, is_cut = e, [rules.ACCUMULATE_MAX - 1], lambda x: id(x) in cut
+  while True:
+    us = consumers.get(id(end), ())
+    if len(us) != 1 or us[0] is None or us[0].op != "ADD" or us[0].numel != e.numel or id(us[0]) in cut: break
+    if not all(s is end or rules.reduction_sum(s, is_cut, budget) is not None for s in us[0].src): break
+    end = us[0]
   return end
 
 
