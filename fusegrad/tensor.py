@@ -203,7 +203,10 @@ class Tensor:
     """A tensor outside the graph that shares this one's storage (in-place ops on either reach the other)."""
     return alias.view(self, Tensor(_node=self.node), _DETACH)
   @property
-  def data(self) -> "Tensor": return self.detach()
+  def data(self) -> "Tensor":
+    d = self.detach()
+    if _trace._seg[0] is not None: _trace.data_alias(d)   # (its methods are events in a step the trace follows)
+    return d
   @data.setter
   def data(self, value: "Tensor") -> None:
     """t.data = v: t now shares v's storage (its old views keep the old one), keeping requires_grad, as torch."""

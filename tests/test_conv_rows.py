@@ -122,9 +122,11 @@ def test_double_backward_matches_torch(rng):
                                  create_graph=True)
   ((rgx * rgx).sum() + (rgw * rgw).sum()).backward()
   np.testing.assert_allclose(gw.detach().numpy(), rgw.detach().numpy(), rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(x.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
-  # tw.grad sums terms of up to ~1e5 that cancel: float32 reassociation moves an element by ~1e-6 of the largest
-  # (seeds 8 and 3546792562: 0.08 and 0.05 from float64, torch 0.04 and 0.03)
+  # x.grad and tw.grad sum terms of up to ~1e4-1e5 that cancel: float32 reassociation moves an element by ~1e-6 of the
+  # largest (seeds 8 and 3546792562: 0.08 and 0.05 from float64, torch 0.04 and 0.03; seed 4113735962: x.grad's
+  # 19.353 against torch's 19.357 among values of 1e4)
+  np.testing.assert_allclose(x.grad.numpy(), rx.grad.numpy(), rtol=1e-4,
+                             atol=max(1e-3, 2e-6 * float(np.abs(rx.grad.numpy()).max())))
   np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4,
                              atol=max(1e-3, 2e-6 * float(np.abs(rw.grad.numpy()).max())))
 

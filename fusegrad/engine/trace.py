@@ -677,7 +677,7 @@ def on_write(t, r) -> bool:
   if n is not None and n.op == "CONST" and not n.src and n.buffer is None and type(t) is _m["Tensor"] and \
      id(t) not in seg.written and not _m["autograd"].grad_enabled():
     return _const_write(seg, t, r)
-  if not _pending_ok(seg, t, False):
+  if not _pending_ok(seg, t, False, r):
     _leave(seg, "a write the trace does not follow")
     return False
   try:   # the value: a result of the segment, or a graph the caller built (`n += 1` on a module's counter)
@@ -753,26 +753,53 @@ def _rebind(seg: Segment, t, r, kt: int) -> bool:
   return True
 
 
-def _hide(seg: Segment, t, value) -> None:
-  """A plain tensor a replay wrote outside an optimizer step (a module's buffer): it has no node until the realize
-  gives it its new value, so that reading it in between makes the segment's tensors first (`materialize`)."""
-  meta = (value.shape, value.dtype, value.device, True, False)
-  seg.hidden[id(t)] = (t, t.node)
-  _m["node_slot"].__delete__(t)
-  t._trace = _PH(seg, -1, meta)
-  t.__class__ = _Traced
+def data_alias(d) -> None:
+  """`p.data` taken in a segment: its methods are events (d is no result: an external, keyed by its node, which is
+  p's), so `p.data.add_(p.grad, alpha=-lr)` (pytorch/examples' word language model's update by hand) is a recorded
+  call and a write the trace follows (into p, through its detached alias: _pending_ok, _hide) instead of a value
+  built outside the trace from the step's gradient, which a replay could not build without making the gradient."""
+  seg = _seg[0]
+  if seg is not None and seg.mode != OFF and type(d) is _m["Tensor"] and enabled(): d.__class__ = _Traced
 
 
-def _pending_ok(seg: Segment, t, in_call: bool) -> bool:
-  """Writes the trace follows, into a tensor not written yet in the segment that is neither a view (its own views are
-  updated when the write is made) nor a result of the segment: an optimizer's (in its step, without grad mode), and a
-  call's into a plain tensor it was given (batch norm's running statistics: without grad mode, checked where it is
-  recorded), which a replay hides until its realize."""
-  if id(t) in seg.written or _slot_of(seg, t) is not None or t._trace is not None: return False
-  if not in_call and _m["autograd"].grad_enabled(): return False
-  if not in_step[0] and type(t) is not _m["Tensor"]: return False
+def _detached_base(t):
+  """The base tensor t is a whole detached alias of (`p.data`: an alias chain of DETACH alone), where it is alive;
+  a write into t is the base's (alias.write), else None."""
   a = t._alias
-  if a is not None and (type(a[1]) is not tuple or a[1]): return False
+  if a is None or type(a[1]) is not tuple or not a[1] or any(op != "DETACH" for op, _ in a[1]): return None
+  return a[0].ref()
+
+
+def _hide(seg: Segment, t, value) -> None:
+  """A plain tensor a replay wrote outside an optimizer step (a module's buffer; a parameter through `p.data`: the
+  alias and its base): it has no node until the realize gives it its new value, so that reading it in between makes
+  the segment's tensors first (`materialize`)."""
+  meta = (value.shape, value.dtype, value.device, True, False)
+  base = _detached_base(t)
+  for x in (t,) if base is None else (t, base):
+    seg.hidden[id(x)] = (x, x.node)
+    _m["node_slot"].__delete__(x)
+    x._trace = _PH(seg, -1, meta)
+    x.__class__ = _Traced
+
+
+def _pending_ok(seg: Segment, t, in_call: bool, r=None) -> bool:
+  """Writes the trace follows, into a tensor not written yet in the segment that is neither a view (its own views are
+  updated when the write is made) nor a result of the segment: an optimizer's (in its step, without grad mode), a
+  call's into a plain tensor it was given (batch norm's running statistics: without grad mode, checked where it is
+  recorded), and one outside autograd (neither the tensor nor the value requires grad: a parameter updated by hand
+  through `.data`, as pytorch/examples' word language model does, grad mode on), which a replay hides until its
+  realize."""
+  if id(t) in seg.written or _slot_of(seg, t) is not None or t._trace is not None: return False
+  if not in_call and _m["autograd"].grad_enabled() and (r is None or t.requires_grad or r.requires_grad): return False
+  if not in_step[0] and type(t) is not _m["Tensor"] and not (type(t) is _Traced and _detached_base(t) is not None):
+    return False
+  a = t._alias
+  base = _detached_base(t)
+  if base is not None:   # `p.data`: the write is its base's, which a replay hides too (_hide); no other live view
+    if id(base) in seg.written or _slot_of(seg, base) is not None or base._trace is not None or \
+       _m["alias"]._members(a[0], t): return False
+  elif a is not None and (type(a[1]) is not tuple or a[1]): return False
   if seg.mode == REP:
     for w in seg.views:   # a placeholder viewing an external would not see the write
       if w() is not None: return False
@@ -1160,11 +1187,14 @@ def _targets(seg: Segment, tensors, nodes) -> tuple:
   wnodes = {id(v[1].node): v[0] for v in seg.written.values()} if nodes is not None and seg.mode == REC else {}
 
   def done(n) -> bool: return n.buffer is not None or n.op in ("BUFFER", "CONST")
+  # a parameter written through `p.data` (realize.later's): the write into its detached alias
+  bases = {id(b): v[0] for v in seg.written.values() if (b := _detached_base(v[1])) is not None}
 
   def tensor(t, what: str) -> None:
     k = _slot_of(seg, t)
     if k is not None: order.append(("S", k))
     elif (w := seg.written.get(id(t))) is not None and w[1] is t: order.append(("W", w[0]))
+    elif id(t) in bases: order.append(("W", bases[id(t)]))
     elif t._trace is not None or not done(t.node): raise Untraceable(f"a {what} of a tensor from outside the segment")
 
   for t in tensors or (): tensor(t, "realize")

@@ -32,21 +32,21 @@ def _refuse_packed(input, name: str) -> None:
 # None for a zero initial state, whose h @ W_hhᵀ (a matmul kernel) and f * c are skipped
 
 def _rnn_step(xp: Tensor, h: Tensor | None, w_hh: Tensor, relu: bool) -> Tensor:
-  a = xp if h is None else xp + h @ w_hh.T
+  a = xp if h is None else xp + F.linear(h, w_hh)
   return a.relu() if relu else a.tanh()
 
 
 def _lstm_step(xp: Tensor, h: Tensor | None, c: Tensor | None, w_hh: Tensor,
                w_hr: Tensor | None) -> tuple[Tensor, Tensor]:
-  i, f, g, o = (xp if h is None else xp + h @ w_hh.T).chunk(4, 1)
+  i, f, g, o = (xp if h is None else xp + F.linear(h, w_hh)).chunk(4, 1)
   c = i.sigmoid() * g.tanh() if c is None else f.sigmoid() * c + i.sigmoid() * g.tanh()
   h = o.sigmoid() * c.tanh()
-  return (h if w_hr is None else h @ w_hr.T), c
+  return (h if w_hr is None else F.linear(h, w_hr)), c
 
 
 def _gru_step(xp: Tensor, h: Tensor | None, w_hh: Tensor, b_hh: Tensor | None) -> Tensor:
   # b_hh's n part sits inside r * (...), so it stays in the step
-  gh = h @ w_hh.T if h is not None else None
+  gh = F.linear(h, w_hh) if h is not None else None
   if b_hh is not None: gh = b_hh if gh is None else gh + b_hh
   xr, xz, xn = xp.chunk(3, 1)
   if gh is None: r, z, n = None, xz.sigmoid(), xn.tanh()
@@ -57,10 +57,13 @@ def _gru_step(xp: Tensor, h: Tensor | None, w_hh: Tensor, b_hh: Tensor | None) -
   return n - z * n if h is None else n + z * (h - n)
 
 
-def _input_bias(mode: str, b_ih: Tensor | None, b_hh: Tensor | None) -> Tensor | None:
-  """the bias added to the whole-sequence input projection: both biases, except GRU's b_hh"""
-  if b_ih is None: return None
-  return b_ih if mode == "GRU" else b_ih + b_hh
+def _input_projection(mode: str, x: Tensor, w_ih: Tensor, b_ih: Tensor | None, b_hh: Tensor | None) -> Tensor:
+  """x @ W_ihᵀ with the biases that can be added before the loop: both, except GRU's b_hh. Each weight and bias is
+  an argument of a call of its own (F.linear, +), never of a value built from them (b_ih + b_hh, W_hh.T): a checked
+  trace (engine/trace.py) keys a call's arguments, so a backward reaching a parameter that only such a value held
+  could not be replayed, and every step of a recurrent model ran eagerly."""
+  xp = F.linear(x, w_ih, b_ih)
+  return xp + b_hh if b_hh is not None and mode != "GRU" else xp
 
 
 def _stack_states(states: list) -> Tensor:
@@ -169,7 +172,7 @@ class RNNBase(Module):
       outs = []
       for d in range(dirs):
         w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, d)
-        xp = F.linear(x, w_ih, _input_bias(self.mode, b_ih, b_hh))     # every step's projection: one matmul
+        xp = _input_projection(self.mode, x, w_ih, b_ih, b_hh)     # every step's projection: one matmul
         k = layer * dirs + d
         h, c = h0[k], (c0[k] if c0 is not None else None)
         if h is None and T == 1:   # W_hh's gradient is zeros (as PyTorch's), not None: give it its matmul
@@ -349,7 +352,7 @@ class RNNCell(RNNCellBase):
   def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
     if self.nonlinearity not in ("tanh", "relu"): raise RuntimeError(f"Unknown nonlinearity: {self.nonlinearity}")
     x, (h,), batched = self._prepare(input, [hx], ["hidden"])
-    h = _rnn_step(F.linear(x, self.weight_ih, _input_bias("RNN_TANH", self.bias_ih, self.bias_hh)), h,
+    h = _rnn_step(_input_projection("RNN_TANH", x, self.weight_ih, self.bias_ih, self.bias_hh), h,
                   self.weight_hh, self.nonlinearity == "relu")
     return h if batched else h.squeeze(0)
 
@@ -359,7 +362,7 @@ class LSTMCell(RNNCellBase):
 
   def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     x, (h, c), batched = self._prepare(input, [None, None] if hx is None else list(hx), ["hx[0]", "hx[1]"])
-    h, c = _lstm_step(F.linear(x, self.weight_ih, _input_bias("LSTM", self.bias_ih, self.bias_hh)), h, c,
+    h, c = _lstm_step(_input_projection("LSTM", x, self.weight_ih, self.bias_ih, self.bias_hh), h, c,
                       self.weight_hh, None)
     return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
 
