@@ -69,6 +69,10 @@ READ_AHEAD = 1024
 ROW_PAD_WASTE = 1 / 16
 # ...and its columns to whole vectors where that adds at most this share of them (register_tile)
 COL_PAD_WASTE = 1 / 16
+# ...and its column vectors to a multiple of the tile's where the device has masked vectors and that adds at most this
+# share of them (13 vectors of a 200-column product as 4 tiles of 4: each multiply-add wastes 19%, against 1 vector
+# per row, 9 loads per 8 multiply-adds)
+COL_TILE_PAD_WASTE = 0.25
 SPARE_REGISTERS = 4
 # a sum over the rows of a matrix (a bias gradient) takes up to this many column vectors per work item: with one, the
 # items of a [2048, 128] sum each read a line of every row, 512 bytes apart (the prefetcher stops at every page): 0.23
@@ -221,8 +225,10 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
     return next((v for v in reversed(others) if v is not row_var and v in moving and (v.hi + 1) % cv == 0), None) \
         if col.hi + 1 == cols else None
   # the most column vectors the columns divide into (a row convolution's 3424 positions: 2 vectors of 16, not 4)
+  padded = lambda cv: caps is not None and caps.masked_vectors and nvec * cols != col.hi + 1 and \
+      (-nvec) % cv <= (nvec + (-nvec) % cv) * COL_TILE_PAD_WASTE
   row_counts, col_vectors = next(((r, cv) for r, cv in tile_shapes(caps) if cv == 1 or nvec % cv == 0
-                                  or panel_of(cv) is not None), tile_shapes(caps)[-1])
+                                  or panel_of(cv) is not None or padded(cv)), tile_shapes(caps)[-1])
   if col_vectors == 1 and (odd := _odd_tile(caps, nvec)) is not None: row_counts, col_vectors = odd
   def fits(r: int) -> bool:
     n = row_var.hi + 1
@@ -234,7 +240,7 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
     # several column vectors per row (a matmul): fewer reads of the rows per multiply-add
     panel = panel_of(col_vectors)
     if col_vectors > 1 and work // col_vectors >= MIN_PARALLEL:
-      if nvec % col_vectors == 0: tile.append((None, col_vectors))
+      if nvec % col_vectors == 0 or padded(col_vectors): tile.append((None, col_vectors))
       elif panel is not None: tile.insert(1, (panel, col_vectors))
   elif caps is not None and _columns_contiguous(col, reduces):
     # a sum over rows (a bias gradient): several column vectors per work item, so each reads a stretch of every row
