@@ -400,7 +400,8 @@ def test_recurrent_language_model_loop_replays_bitwise(traced, rng):
 
   def body_read(m, _opt, i):   # a parameter read between its write through `.data` and the step's realize
     loss = body(m, _opt, i)
-    return loss + [m.decoder.weight.sum().numpy(), m.rnn.weight_hh_l0.numpy().copy()]
+    return loss + [m.decoder.weight.sum().numpy(), m.rnn.weight_hh_l0.numpy().copy(),
+                   m.decoder.bias.data.numpy().copy(), (m.decoder.bias.data * 2).numpy()]
 
   def make_viewed():   # a view of a parameter kept across the steps: its writes are made eagerly
     m, o = make()

@@ -343,9 +343,6 @@ class CStyleRenderer:
 _C_PRELUDE = r"""#include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
 static inline long long fg_floordiv(long long a, long long b) { long long q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline long long fg_floormod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline float fg_bf16_to_f32(unsigned short h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -479,26 +476,30 @@ def _c_vectors(widths) -> str:
             f"static inline {t} fg_vload_{t}(const float* p) {{ {t} v; memcpy(&v, p, sizeof v); return v; }}",
             f"static inline void fg_vstore_{t}(float* p, {t} v) {{ memcpy(p, &v, sizeof v); }}"]
     # masked loads and stores (ir.Load.lanes): lanes lo <= i < hi, no memory touched outside them. AVX-512's and
-    # AVX's masked moves where the compiler targets them (the mask is loop-invariant: gcc hoists it out of a
-    # reduction loop), else lane by lane
-    # (width: the AVX-512 feature, intrinsics' prefix, mask type, vector type, integer vector type)
-    isa = {16: ("__AVX512F__", "_mm512", "__mmask16", "__m512", "__m512i"),
-           8: ("__AVX512VL__", "_mm256", "__mmask8", "__m256", "__m256i"),
-           4: ("__AVX512VL__", "_mm", "__mmask8", "__m128", "__m128i")}.get(n)
+    # AVX's masked moves where the compiler targets them, through the builtins gcc and clang both define (the mask is
+    # loop-invariant: hoisted out of a reduction loop); <immintrin.h> is not included: parsing it added ~0.1 s to
+    # every kernel's compile. Elsewhere lane by lane
+    # (width: the AVX-512 feature, its builtins' width, mask type; AVX's load and store builtins)
+    isa = {16: ("__AVX512F__", "512", "unsigned short", None),
+           8: ("__AVX512VL__", "256", "unsigned char", ("maskloadps256", "maskstoreps256")),
+           4: ("__AVX512VL__", "128", "unsigned char", ("maskloadps", "maskstoreps"))}.get(n)
     load = [f"static inline {t} fg_vloadm_{t}(const float* p, long long lo, long long hi) {{",
             f"  lo = lo < 0 ? 0 : lo; hi = hi > {n} ? {n} : hi;"]
     store = [f"static inline void fg_vstorem_{t}(float* p, {t} v, long long lo, long long hi) {{",
              f"  lo = lo < 0 ? 0 : lo; hi = hi > {n} ? {n} : hi;"]
     if isa:
-      feat, mm, mt, vt, it = isa
+      feat, bits, mt, avx = isa
       mask = f"({mt})(hi > lo ? ((1u << hi) - 1u) & ~((1u << lo) - 1u) : 0u)"
-      load += [f"#if defined({feat})", f"  return ({t}){mm}_maskz_loadu_ps({mask}, p);"]
-      store += [f"#if defined({feat})", f"  {mm}_mask_storeu_ps(p, {mask}, ({vt})v);"]
-      if n < 16:   # AVX's vmaskmovps: a lane mask of sign bits
+      cond = f"#if defined({feat}) && (defined(__GNUC__) || defined(__clang__))"
+      load += [cond, f"  return ({t})__builtin_ia32_loadups{bits}_mask(p, ({t}){{0}}, {mask});"]
+      store += [cond, f"  __builtin_ia32_storeups{bits}_mask(p, v, {mask});"]
+      if avx:   # AVX's vmaskmovps: a lane mask of sign bits
         iota = f"({m}){{{','.join(map(str, range(n)))}}}"
-        k = f"({it})(({iota} >= ({m}){{0}} + (int)lo) & ({iota} < ({m}){{0}} + (int)hi))"
-        load += ["#elif defined(__AVX__)", f"  return ({t}){mm}_maskload_ps(p, {k});"]
-        store += ["#elif defined(__AVX__)", f"  {mm}_maskstore_ps(p, {k}, ({vt})v);"]
+        k = f"(({iota} >= ({m}){{0}} + (int)lo) & ({iota} < ({m}){{0}} + (int)hi))"
+        load += ["#elif defined(__AVX__) && (defined(__GNUC__) || defined(__clang__))",
+                 f"  return ({t})__builtin_ia32_{avx[0]}((const {t}*)p, {k});"]
+        store += ["#elif defined(__AVX__) && (defined(__GNUC__) || defined(__clang__))",
+                  f"  __builtin_ia32_{avx[1]}(({t}*)p, {k}, v);"]
       load.append("#else")
       store.append("#else")
     load += [f"  {t} v = ({t}){{0}};", "  for (long long i = lo; i < hi; i++) v[i] = p[i];", "  return v;"]
