@@ -819,3 +819,20 @@ def test_tile_pads_columns_to_whole_vectors(n, k, m, rng):
     assert any(o.op is OptOp.UPCAST and o.arg == lanes for o in opts), opts
   py = (fg.tensor(a, device="PYTHON") @ fg.tensor(b, device="PYTHON")).numpy()
   np.testing.assert_allclose(py, a @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_reduction_of_whole_vectors_takes_the_accumulators_that_divide_it(rng):
+  """A sum of vector ops whose length is whole vectors but no multiple of VECTOR_ACCUMULATORS of them (a
+  log-softmax's sum of exps over a vocabulary of 2000: 125 vectors of 16) runs in vector lanes with as many
+  accumulators as divide it (one here, three for 2016 = 126 vectors), not in scalar lanes (its exps 8 at a time).
+  Values against numpy on the interpreter and the CPU."""
+  caps = _avx512(rd.get("PYTHON").caps)
+  for n, accs in ((2000, 1), (2016, 3), (2048, 4)):
+    x = rng.standard_normal((24, n)).astype(np.float32)
+    item = one_kernel((fg.Tensor(x) - 1).exp().sum(1))
+    opts = heuristic.hand_coded(item.kernel, caps)
+    ups = _upcasts(item.kernel, opts, caps)
+    assert ups[0] == (n, 16) and (accs == 1 and len(ups) == 1 or ups[1] == (n // 16, accs)), (n, opts)
+    want = np.exp(x.astype(np.float64) - 1).sum(1)
+    for dev in ("PYTHON", "CPU"):
+      np.testing.assert_allclose(run(item, tuple(opts), dev), want, rtol=1e-5)
