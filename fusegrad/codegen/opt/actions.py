@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 from fusegrad.graph import symbolic as sym
-from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, REGISTER_KINDS, SHARED_KINDS, substitute_kernel,
+from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, SHARED_KINDS, substitute_kernel,
                                  toposort, dependencies, guard, axis_variables)
 from fusegrad.codegen.opt import tc as tcs
 from fusegrad.codegen.renderer.base import Caps
