@@ -377,11 +377,11 @@ def test_masked_loads_and_stores_in_c(tmp_path):
   """The C prelude's masked vector loads and stores (ir.Load.lanes: a padded axis's last vector) read and write
   exactly lanes lo <= i < hi, whatever the range (empty, past either end), with the machine's compiler, through each
   of its paths: AVX-512's masked moves (-march=native here), AVX's vmaskmovps, and lane by lane."""
-  import subprocess
+  import os, subprocess
   from fusegrad.codegen.renderer.cstyle import _C_PRELUDE
   from fusegrad.runtime.cpu import find_compiler
   cc, _ver = find_compiler()
-  flags = open("/proc/cpuinfo").read().split() if __import__("os").path.exists("/proc/cpuinfo") else []
+  flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
   src = tmp_path / "masked.c"
   src.write_text(_C_PRELUDE + _MASKED_HARNESS)
   for isa in ["-march=native"] + (["-mavx2"] if "avx2" in flags else []) + (["-mavx"] if "avx" in flags else []) + [""]:

@@ -792,10 +792,9 @@ def _pending_ok(seg: Segment, t, in_call: bool, r=None) -> bool:
   realize."""
   if id(t) in seg.written or _slot_of(seg, t) is not None or t._trace is not None: return False
   if not in_call and _m["autograd"].grad_enabled() and (r is None or t.requires_grad or r.requires_grad): return False
-  if not in_step[0] and type(t) is not _m["Tensor"] and not (type(t) is _Traced and _detached_base(t) is not None):
-    return False
-  a = t._alias
   base = _detached_base(t)
+  if not in_step[0] and type(t) is not _m["Tensor"] and not (type(t) is _Traced and base is not None): return False
+  a = t._alias
   if base is not None:   # `p.data`: the write is its base's, which a replay hides too (_hide); no other live view
     if id(base) in seg.written or _slot_of(seg, base) is not None or base._trace is not None or \
        _m["alias"]._members(a[0], t): return False

@@ -447,12 +447,10 @@ def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> l
             why[x] = rules.reason("shared_value", f"a long elementwise value {len(member_of[x])} kernels would compute")
             cut.add(x); new.append(n)
           continue
-        e0 = _epilogue_end(n, consumers, cut)
-        e = _accumulation_end(e0, consumers, cut)
-        terms = rules.reduction_sum(e, lambda y: id(y) in cut, [rules.ACCUMULATE_MAX]) if e is not e0 else None
-        covered |= {id(t) for t in terms or ()}
+        e, terms = _accumulation_end(_epilogue_end(n, consumers, cut), consumers, cut)
+        covered |= {id(t) for t in terms}
         if id(e) not in cut:
-          what = f"a sum of {len(terms)} reductions" if terms else "a reduction"
+          what = f"a sum of {len(terms) + 1} reductions" if terms else "a reduction"
           why[id(e)] = rules.reason("shared_reduction", f"{what} {len(member_of[x])} kernels read" +
                                     ("" if e is n else " (stored after its epilogue)"))
           cut.add(id(e)); new.append(e)
@@ -526,19 +524,21 @@ def _epilogue_end(r: Node, consumers: dict, cut: set) -> Node:
   return end
 
 
-def _accumulation_end(e: Node, consumers: dict, cut: set) -> Node:
+def _accumulation_end(e: Node, consumers: dict, cut: set) -> tuple[Node, list]:
   """Where a reduction's value e (after its epilogue) is one term of a sum of reductions of its size
   (rules.reduction_sum: a recurrent weight's gradient over the steps), the root of that sum, while it holds at most
   rules.ACCUMULATE_MAX reductions: one kernel computes them all and stores the sum, which its readers (the
   gradient's norm, the update) read; cut at each term, every term was a kernel and a buffer, and every reader added
-  up all of them again. e itself where its value has another use."""
-  end, budget, is_cut = e, [rules.ACCUMULATE_MAX - 1], lambda x: id(x) in cut
+  up all of them again. (The root, the other terms' reductions): e itself and none where its value has another use."""
+  end, terms, budget, is_cut = e, [], [rules.ACCUMULATE_MAX - 1], lambda x: id(x) in cut
   while True:
     us = consumers.get(id(end), ())
     if len(us) != 1 or us[0] is None or us[0].op != "ADD" or us[0].numel != e.numel or id(us[0]) in cut: break
-    if not all(s is end or rules.reduction_sum(s, is_cut, budget) is not None for s in us[0].src): break
+    others = [rules.reduction_sum(s, is_cut, budget) for s in us[0].src if s is not end]
+    if any(t is None for t in others): break
     end = us[0]
-  return end
+    for t in others: terms += t
+  return end, terms
 
 
 def _pointwise(u: Node, r: Node) -> bool:
