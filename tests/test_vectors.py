@@ -270,6 +270,35 @@ def test_comparisons_are_lane_masks(dev, rng):
     np.testing.assert_allclose(_ref(item, opts), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+def test_random_bits_are_integer_lanes(dev, rng):
+  """A random draw made in the kernel that reads it (a dropout mask: a hash of each element's index, tensor's counter
+  based draw) runs in 32-bit integer vectors (passes.VECTOR_INT_OPS): the index as a vector of its lanes, xor,
+  multiply and constant shifts, the bits turned into floats by a vector convert. The same bits as the scalar kernel,
+  for a shape whose rows are no multiple of the vector either; the CPU's default actions pick the vectors."""
+  for shape in ((4, 64), (3, 5, 48)):
+    x = _t(rng, dev, *shape)
+    fg.manual_seed(int(rng.integers(1 << 30)))
+    out = fg.nn.functional.dropout(x, 0.3) * (x * 0.5).exp()
+    item = one_kernel(out)
+    opts = (Opt(OptOp.UPCAST, len(item.kernel.axes) - 1, 8),)
+    src = rd.get(dev).compile_with(item.kernel, opts).source
+    body = src[src.rindex(f"void {item.kernel.name}("):]
+    assert {"CPU": "fg_uint32x8", "OPENCL": "uint8"}[dev] in body, body
+    got = run(item, opts, dev)
+    np.testing.assert_array_equal(got.view(np.uint32), run(item, (), dev).view(np.uint32))
+    ref = _ref(item, opts)   # (the interpreter's exp is numpy's: an ulp apart; its mask is the same)
+    kept = got != 0
+    np.testing.assert_array_equal(kept, ref != 0)
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    assert 0.5 < kept.mean() < 0.9   # (p = 0.3: of 256 or 720 draws)
+    np.testing.assert_allclose(got[kept], (x.numpy() / 0.7 * np.exp(x.numpy() * 0.5))[kept], rtol=1e-5)
+  if dev == "CPU":
+    fg.manual_seed(1)
+    c = rd.get("CPU").compiled(one_kernel(fg.nn.functional.dropout(_t(rng, dev, 20, 200), 0.2) * 3).kernel)
+    assert "fg_uint32x" in c.source[c.source.rindex(f"void {c.kernel.name}("):]
+
+
 @pytest.mark.parametrize("dev", ["PYTHON"] + DEVICES)
 def test_several_vector_axes_in_one_kernel(dev, rng):
   """A softmax's kernel has three loops over its row: the max, the sum of exp(x - max), and the outputs. The

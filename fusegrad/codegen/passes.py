@@ -199,6 +199,13 @@ def dedupe(k: Kernel) -> Kernel:
 VECTOR_OPS = frozenset({"ADD", "SUB", "MUL", "DIV", "RECIP", "NEG", "MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT",
                         "ABS"})
 VECTOR_REDUCES = frozenset({"SUM", "MAX", "MIN"})
+# 32-bit integer lanes: the ops of a counter-based random draw (a dropout mask's hash of the element's index, made in
+# the kernel that reads it: tensor._random_bits) on vectors of uint32 / int32, the index itself a vector of its
+# lanes, a shift only by a constant below 32 (C's shift by more is undefined, the scalar spelling guards it) and the
+# bits turned into float32 by a vector CAST; without them every such kernel ran lane by lane (the word LM's LSTM
+# cells with dropout, 300 us a call instead of 60)
+VECTOR_INT_OPS = frozenset({"ADD", "SUB", "MUL", "XOR", "AND", "OR", "SHL", "SHR"})
+VECTOR_INTS = (dt.uint32, dt.int32)
 # comparisons of float32 vectors give lane masks (a bool vector: every bit of a lane set where true, as C's vector
 # extensions and OpenCL compare), which a select (WHERE) and a CAST to float32 read directly (`_masks`)
 VECTOR_CMPS = frozenset({"CMPLT", "CMPLE", "CMPEQ", "CMPNE"})
@@ -291,6 +298,14 @@ def _vector_saving(k: Kernel, u, vals: list, deps: dict, masks: set) -> float:
   return total
 
 
+def _int_lanes(v) -> bool:
+  """Is v a 32-bit integer value that vectors of it compute lane by lane (VECTOR_INT_OPS, an index)?"""
+  if v.dtype not in VECTOR_INTS: return False
+  if isinstance(v, Index): return True
+  if not isinstance(v, Alu) or v.op not in VECTOR_INT_OPS or any(c.dtype is not v.dtype for c in v.src): return False
+  return v.op not in ("SHL", "SHR") or (isinstance(v.src[1], Const) and 0 <= v.src[1].value < 32)
+
+
 def _vector_region(u, vals: list, deps: dict, masks: set) -> set | None:
   """ids of the values along axis u (depending on it, or reducing over it), or None when one of those that must be
   a vector op is not one."""
@@ -302,6 +317,8 @@ def _vector_region(u, vals: list, deps: dict, masks: set) -> set | None:
     if not on_u(v): continue
     region.add(id(v))
     if (reduces and id(v) not in inside) or id(v) in masks: continue
+    if _int_lanes(v) or (isinstance(v, Alu) and v.op == "CAST" and v.dtype is dt.float32 and _int_lanes(v.src[0])):
+      continue
     if v.dtype is not dt.float32: return None
     ok = isinstance(v, (Load, LocalLoad)) or (isinstance(v, Alu) and v.op in VECTOR_OPS) or \
         (isinstance(v, Alu) and v.op == "WHERE" and (id(v.src[0]) in masks or not on_u(v.src[0]))) or \
@@ -395,7 +412,9 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
     elif isinstance(v, LocalLoad):
       if _stride(v.idx, u) == 1: r = LocalLoad(v.src, sym.substitute(v.idx, at[0]), vd)
       else: r = Vectorize(tuple(LocalLoad(v.src, sym.substitute(v.idx, e), v.dtype) for e in at), vd)
-    elif isinstance(v, Index): r = tuple(Index(sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
+    elif isinstance(v, Index):
+      r = tuple(Index(sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
+      if _int_lanes(v): r = Vectorize(r, vd)    # (its lanes' indices, one vector for the integer ops it feeds)
     elif isinstance(v, Valid): r = tuple(Valid(v.cond.substitute(e), v.dtype) for e in at)
     elif isinstance(v, Alu):
       srcs = [vz(c) for c in v.src]
@@ -407,8 +426,10 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
       elif v.op == "WHERE" and v.dtype is dt.float32 and not any(islanes(c) for c in srcs):
         # a lane mask, or one condition for every lane (then a plain select of two vectors)
         r = Alu(v.op, vd, (srcs[0], as_vec(srcs[1]), as_vec(srcs[2])))
-      elif v.op == "CAST" and v.dtype is dt.float32 and isvec(srcs[0]) and srcs[0].dtype.scalar is dt.bool_:
+      elif v.op == "CAST" and v.dtype is dt.float32 and isvec(srcs[0]) and srcs[0].dtype.scalar in (dt.bool_,) + VECTOR_INTS:
         r = Alu(v.op, vd, (srcs[0],))
+      elif _int_lanes(v) and not any(islanes(c) for c in srcs):
+        r = Alu(v.op, vd, tuple(as_vec(c) for c in srcs))
       else: r = tuple(Alu(v.op, v.dtype, tuple(lane(c, i) for c in srcs)) for i in range(n))
     elif isinstance(v, Reduce):
       srcs = [vz(c) for c in (v.src,) + v.more]

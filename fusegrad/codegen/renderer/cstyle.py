@@ -93,6 +93,7 @@ class CStyleRenderer:
   def vec_type(self, d: VecDType) -> str: return f"fg_int32x{d.count}" if d.scalar.is_bool else f"fg_{d.scalar.name}x{d.count}"
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)}){{{','.join(a)}}})"
   def gep(self, a: str, lane: int) -> str: return f"{a}[{lane}]"
+  def vconvert(self, a: str, d: VecDType) -> str: return f"__builtin_convertvector({a}, {self.vec_type(d)})"
   def vload(self, buf: int, idx: str, d: VecDType) -> str: return self.vload_at(f"b{buf}", idx, d)
   def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"fg_vload_{self.vec_type(d)}({ptr}+{idx})"
   def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str:
@@ -103,8 +104,10 @@ class CStyleRenderer:
   def vstore_masked(self, buf: int, idx: str, val: str, d: VecDType, lo: str, hi: str) -> str:
     return f"fg_vstorem_{self.vec_type(d)}(b{buf}+{idx}, {val}, {lo}, {hi});"
   def valu(self, op: str, d: VecDType, a: list, srcs: tuple = ()) -> str:
-    ops = {"ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/", "CMPLT": "<", "CMPLE": "<=", "CMPEQ": "==", "CMPNE": "!="}
+    ops = {"ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/", "CMPLT": "<", "CMPLE": "<=", "CMPEQ": "==", "CMPNE": "!=",
+           "XOR": "^", "AND": "&", "OR": "|", "SHL": "<<", "SHR": ">>"}   # (a shift's count: a constant below 32)
     if op in ops: return f"({a[0]}{ops[op]}{a[1]})"
+    if op == "CAST" and not srcs[0].dtype.scalar.is_bool: return self.vconvert(a[0], d)   # 32-bit integer lanes
     if op == "NEG": return f"(-{a[0]})"
     if op == "RECIP": return f"(1.0f/{a[0]})"   # a scalar operand applies to every lane
     if op in ("MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT"): return f"fg_v{op.lower()}_{self.vec_type(d)}({','.join(a)})"
@@ -473,6 +476,7 @@ def _c_vectors(widths) -> str:
     t, m = f"fg_float32x{n}", f"fg_int32x{n}"
     out += [f"typedef float {t} __attribute__((vector_size({4 * n})));",
             f"typedef int32_t {m} __attribute__((vector_size({4 * n})));",
+            f"typedef uint32_t fg_uint32x{n} __attribute__((vector_size({4 * n})));",
             f"static inline {t} fg_vload_{t}(const float* p) {{ {t} v; memcpy(&v, p, sizeof v); return v; }}",
             f"static inline void fg_vstore_{t}(float* p, {t} v) {{ memcpy(p, &v, sizeof v); }}"]
     # masked loads and stores (ir.Load.lanes): lanes lo <= i < hi, no memory touched outside them. AVX-512's and
@@ -671,6 +675,7 @@ class OpenCLRenderer(CStyleRenderer):
     return f"float{d.count}" if d.scalar.name in ("float16", "bfloat16") else f"{self.types[d.scalar]}{d.count}"
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)})({','.join(a)}))"
   def gep(self, a: str, lane: int) -> str: return f"{a}.s{lane:x}"
+  def vconvert(self, a: str, d: VecDType) -> str: return f"convert_{self.vec_type(d)}({a})"
   def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"vload{d.count}(0, {ptr}+{idx})"
   # vloadN may read any float's address, so it compiles to N scalar reads (ld.shared.f32 on NVIDIA); a pointer to the
   # vector type says the address is aligned: one 16-byte read (ld.shared.v4)
@@ -685,7 +690,8 @@ class OpenCLRenderer(CStyleRenderer):
       return f"(({self.vec_type(d)})({','.join(f'{fn}({a[0]}.s{i:x})' for i in range(d.count))}))"
     if op in ("SQRT", "ABS"): return f"{'sqrt' if op == 'SQRT' else 'fabs'}({a[0]})"
     if op == "WHERE" and isinstance(srcs[0].dtype, VecDType): return f"select({a[2]},{a[1]},{a[0]})"
-    if op == "CAST": return f"select(({self.vec_type(d)})(0.0f),({self.vec_type(d)})(1.0f),{a[0]})"
+    if op == "CAST" and srcs[0].dtype.scalar.is_bool:
+      return f"select(({self.vec_type(d)})(0.0f),({self.vec_type(d)})(1.0f),{a[0]})"
     return super().valu(op, d, a, srcs)
   def library_fn(self, name: str, d: dt.DType) -> str: return name    # overloaded builtins
   def literal(self, v, d: dt.DType) -> str:
