@@ -103,15 +103,28 @@ def _make_with_const(terms: dict, c: int) -> Lin:
         if d not in terms:   # x//c may be in canonical form: (y//a)//c is y//(a*c)
           q = div(a.x, a.c)
           if len(q.terms) == 1 and q.const == 0 and q.terms[0][1] == 1: d = q.terms[0][0]
+        x = a.x
+        if terms.get(d) != k * a.c:
+          # x//c beside y%c where x - y is a multiple of c (mod folded y's coefficients: (782g + r) % 200 is
+          # (182g + r) % 200): y%c == x%c, so the pair is k*x too (a split sum's rows of 782 over rows of 200: a
+          # division and a modulo per element, 12 ns each, where the index is the flat position)
+          d = next((t for t, kt in terms.items() if isinstance(t, Div) and t.c == a.c and kt == k * a.c and
+                    _multiple_of(add(t.x, mul(a.x, -1)), a.c)), None)
+          if d is None: continue
+          x = d.x
         if terms.get(d) == k * a.c:
           del terms[a], terms[d]
-          for b, kb in a.x.terms: terms[b] = terms.get(b, 0) + kb * k
-          c += a.x.const * k
+          for b, kb in x.terms: terms[b] = terms.get(b, 0) + kb * k
+          c += x.const * k
           terms = {t: v for t, v in terms.items() if v != 0}
           changed = True
           break
   items = tuple(sorted(terms.items(), key=lambda t: repr(t[0])))
   return Lin(items, c)
+
+
+def _multiple_of(x: Lin, c: int) -> bool:
+  return x.const % c == 0 and all(k % c == 0 for _, k in x.terms)
 
 
 def mul(a, k) -> Lin:

@@ -73,6 +73,10 @@ COL_PAD_WASTE = 1 / 16
 # share of them (13 vectors of a 200-column product as 4 tiles of 4: each multiply-add wastes 19%, against 1 vector
 # per row, 9 loads per 8 multiply-adds)
 COL_TILE_PAD_WASTE = 0.25
+# an elementwise kernel whose innermost axis no native vector divides (rows of 200 floats read from rows 800 apart: an
+# LSTM cell's gates) pads it to whole native vectors (the last one masked, Caps.masked_vectors) where that adds at most
+# this share of it, instead of taking a narrower vector that divides it (AVX-512: 13 vectors of 16, not 25 of 8)
+ELEMENTWISE_PAD_WASTE = 1 / 8
 SPARE_REGISTERS = 4
 # a sum over the rows of a matrix (a bias gradient) takes up to this many column vectors per work item: with one, the
 # items of a [2048, 128] sum each read a line of every row, 512 bytes apart (the prefetcher stops at every page): 0.23
@@ -390,9 +394,18 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     w = next((w for w in sorted(caps.vector_widths, reverse=True) if (g.hi + 1) % w == 0 and k.groups >= w * MIN_PARALLEL),
              None)
     kv = _in_vectors(k, g, w, caps) if w is not None else None
+    nat, size = caps.native_lanes, g.hi + 1
+    if caps.masked_vectors and (w or 0) < nat and nat in caps.vector_widths and size > nat and \
+       (-size) % nat <= size * ELEMENTWISE_PAD_WASTE and k.groups >= nat * MIN_PARALLEL:
+      try:
+        kp = apply_opt(k, Opt(OptOp.PADTO, k.axis_index(g), nat), caps)
+        kvp = _in_vectors(kp, kp.of_kind(K.GLOBAL)[-1].var, nat, caps)
+      except OptError:
+        kvp = None
+      if kvp is not None: kv, w = kvp, nat
     if kv is not None:
+      opts += list(kv.opts[len(k.opts):])
       k = kv
-      opts.append(kv.opts[-1])
       a = _transposing_read(k, w)
       if a is not None: do(OptOp.LOOP, a.var, _pow2_divisor(a.size, TRANSPOSE_LOOP))
     else:
