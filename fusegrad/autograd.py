@@ -186,11 +186,13 @@ def _move_rule(arg, inputs, out, g):
 
 
 def _reduce_rule(arg, inputs, out, g):
-  op, axes = arg
+  op, axes = arg[:2]
   x = inputs[0]
   if op == "SUM": return (g.expand(*x.shape),)
   if op in ("MAX", "MIN"):
     hit = (x == out.expand(*x.shape)).float() if x.dtype != dt.float64 else (x == out.expand(*x.shape)).double()
+    if len(arg) > 2:   # (Tensor._reduce's `selected`: an inf or NaN gradient reaches the maxima only)
+      return (_where(hit != 0, g.expand(*x.shape) / hit.sum(axes, keepdim=True), 0.0),)
     return (g.expand(*x.shape) * hit / hit.sum(axes, keepdim=True),)
   if op == "PROD":
     if len(axes) == 1 and x.shape[axes[0]] <= 1024:
@@ -215,7 +217,9 @@ def _gather_rule(arg, inputs, out, g):
   from fusegrad.tensor import arange
   n = data.numel()
   hit = pos.reshape(-1, 1) == arange(n, device=data.device).reshape(1, n)   # one-hot scatter-add
-  flat = (hit.to(g.dtype) * g.reshape(-1, 1)).sum(0)
+  # (a select, not a product with the one-hot mask: an inf or NaN of g reaches its own position only, as PyTorch's
+  # scatter-add gives it; 0 * inf would be NaN in every other position)
+  flat = _where(hit, g.reshape(-1, 1), 0).sum(0)
   return flat.reshape(data.shape), None
 
 
@@ -246,12 +250,14 @@ def _matmul_rule(arg, inputs, out, g):
 
 
 def _take_rows_rule(idx, inputs, out, g):
-  # out[i, ...] = w[idx[i], ...]: dw = one_hot(idx)^T @ g, a matmul (rows x indices x row size)
+  # out[i, ...] = w[idx[i], ...]: dw[v] = the sum of g[i] where idx[i] == v (rows x indices x row size, tiled as a
+  # matmul); a select, not one_hot(idx)^T @ g: an inf or NaN of g[i] reaches row idx[i] only, as PyTorch's
   from fusegrad.tensor import arange
   w = inputs[0]
   V = w.shape[0]
-  hit = (idx.reshape(-1, 1) == arange(V, device=w.device).reshape(1, V)).to(g.dtype)     # [M, V]
-  return ((hit.T @ g.reshape(hit.shape[0], -1)).reshape(w.shape),)
+  M = idx.numel()
+  hit = idx.reshape(M, 1, 1) == arange(V, device=w.device).reshape(1, V, 1)     # [M, V, 1]
+  return (_where(hit, g.reshape(M, 1, -1), 0).sum(0).reshape(w.shape),)
 
 
 def _sigmoid_grad(x, out, g):

@@ -799,14 +799,15 @@ class Tensor:
     return self.copy_(randn(*self.shape, device=self.device) * std + mean)
 
   # ---- reductions ----
-  def _reduce(self, op: str, dim, keepdim: bool) -> "Tensor":
+  def _reduce(self, op: str, dim, keepdim: bool, selected: bool = False) -> "Tensor":
     # one REDUCE node, however big: the scheduler splits a big reduction into few outputs in two kernels
-    # (schedule/rules.rewrite_reductions)
+    # (schedule/rules.rewrite_reductions). `selected`: a max/min whose gradient goes to the maxima only, nothing
+    # (not 0 * g) elsewhere (PyTorch's max() and min() of a whole tensor; its amax/amin multiply by the mask)
     axes = _norm_dims(dim, self.ndim)
     x = self
     # size-1 axes reduce nothing (a runtime size of value 1 still reduces: its kernel serves every value)
     real = tuple(sorted(a for a in axes if self.shape[a] != 1 or type(self.shape[a]) is BoundDim))
-    if real: x = self._prim("REDUCE", (op, real), gn.reduce(x.node, op, real))
+    if real: x = self._prim("REDUCE", (op, real, True) if selected else (op, real), gn.reduce(x.node, op, real))
     if not keepdim:   # a reduction's result is a new tensor, even where it reduces nothing
       shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
       if shape != x.shape: x = x._mv("RESHAPE", shape)
@@ -831,12 +832,12 @@ class Tensor:
   def max(self, dim=None, keepdim: bool = False):
     if isinstance(dim, Tensor): return self.maximum(dim)
     self._check_nonempty("max", dim)
-    if dim is None: return self._reduce("MAX", None, False)
+    if dim is None: return self._reduce("MAX", None, False, selected=True)
     return self._min_max_dim("MAX", dim, keepdim)
   def min(self, dim=None, keepdim: bool = False):
     if isinstance(dim, Tensor): return self.minimum(dim)
     self._check_nonempty("min", dim)
-    if dim is None: return self._reduce("MIN", None, False)
+    if dim is None: return self._reduce("MIN", None, False, selected=True)
     return self._min_max_dim("MIN", dim, keepdim)
   def _min_max_dim(self, op: str, dim, keepdim: bool):
     if self.ndim == 0:

@@ -323,6 +323,37 @@ def test_accumulates_across_backward_calls(device, rng):
   compare(y.grad, ty.grad, y, "y after a realized gradient and a third call")
 
 
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_gradients_reach_their_own_positions(device, rng, bad):
+  """An inf or NaN in the incoming gradient of a lookup (embedding, an index gather) or of a whole tensor's max()/min()
+  reaches the positions it belongs to, as PyTorch's scatter-add and max backward give it; 0 * inf was NaN in every
+  other row of the embedding table before. (amax keeps PyTorch's product with the mask: NaN elsewhere, as torch's.)"""
+  V, D, M = 7, 5, 9
+  w0 = rng.standard_normal((V, D)).astype(np.float32)
+  idx = rng.integers(0, V, M)
+  g = rng.standard_normal((M, D)).astype(np.float32)
+  g[int(rng.integers(M)), int(rng.integers(D))] = bad
+  x0 = rng.integers(0, 4, (3, 6)).astype(np.float32)   # (ties)
+  gi = rng.standard_normal(4).astype(np.float32)
+  gi[int(rng.integers(4))] = bad
+  pos = rng.integers(0, 18, 4)
+  grads = []
+  for L, mk in ((fg, lambda a: fg.tensor(a, device=device)), (torch, torch.tensor)):
+    w = mk(w0).requires_grad_()
+    L.nn.functional.embedding(mk(idx), w).backward(mk(g))
+    x = mk(x0).requires_grad_()
+    x.reshape(-1)[mk(pos)].backward(mk(gi))
+    outs = [w.grad, x.grad]
+    for op in ("max", "min", "amax"):
+      x = mk(x0).requires_grad_()
+      getattr(x, op)().backward(mk(np.float32(bad)))
+      outs.append(x.grad)
+    grads.append([np.asarray(o.numpy() if isinstance(o, fg.Tensor) else o.detach().numpy()) for o in outs])
+  for a, b, name in zip(*grads, ("embedding", "gather", "max", "min", "amax")):
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=name)
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
 def test_sgd_steps_under_no_grad(device, rng):
   """a training loop: in-place updates of leaves under no_grad keep them leaves that require grad"""
   (w, tw), xb = pair(rng, device, (4, 3)), draw(rng, (5, 4))
