@@ -126,8 +126,14 @@ def compiler_flags() -> list:
 ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}
 
 
+# a register tile leaves at least this many work items per thread (Caps.tile_items; at most the heuristic's own 64):
+# on 2 threads a [20, 800] @ [800, 200] product (an LSTM's step gradient) takes 4 rows x 16 columns with partial sums,
+# not 2 rows x 16, 175 -> 90 us on one core of a Xeon (AVX-512)
+TILE_ITEMS_PER_THREAD = 8
+
+
 def tile_caps(regs: int, lanes: int) -> dict:
-  """Caps.tile_registers, tile_columns and max_registers for this machine's compiler (also with no compiler:
+  """Caps.tile_registers, tile_columns, max_registers and tile_items for this machine's compiler and threads (also with no compiler:
   compiling says why). clang: half the registers and 16 columns. gcc with AVX-512: 4 vectors of 16 columns (6 rows
   of them in the 32 registers: fewer loads per multiply-add than 8 rows x 2 vectors; on a 2-core Intel Xeon (Granite
   Rapids, two 512-bit FMA units a core) 1024^3 148 -> 163 GFLOP/s a core, torch 165), the work item's expanded
@@ -137,9 +143,10 @@ def tile_caps(regs: int, lanes: int) -> dict:
     clang = "clang" in find_compiler()[1].lower()
   except RuntimeError:
     clang = False
-  if clang: return {"tile_registers": regs // 2, "tile_columns": 16}
-  if lanes == 16: return {"tile_columns": 64, "max_registers": 6 * 64}
-  return {}
+  items = {"tile_items": min(64, TILE_ITEMS_PER_THREAD * (config.THREADS or os.cpu_count() or 1))}
+  if clang: return {"tile_registers": regs // 2, "tile_columns": 16, **items}
+  if lanes == 16: return {"tile_columns": 64, "max_registers": 6 * 64, **items}
+  return items
 
 
 def host_vector_widths(widths: tuple) -> tuple:

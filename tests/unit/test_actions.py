@@ -141,6 +141,27 @@ def test_heuristic_tiles_a_matmul(rng):
   _close(run(long, tuple(lopts)), a @ b)
 
 
+def test_thin_tiles_take_partial_sums(rng):
+  """A small product ([20, 800] @ [800, 200]: an LSTM step's gradient) keeps Caps.tile_items work items: with 64 its
+  tile is 2 rows x 1 vector (2 accumulators), with 16 (a 2-thread CPU) 4 rows x 1; either way its reduction takes
+  partial sums beside them, 8 vector accumulators in all (heuristic.TILE_MIN_ACCUMULATORS). Values match numpy on the
+  interpreter and compiled."""
+  from dataclasses import replace
+  a, b = rng.standard_normal((20, 800)).astype(np.float32), rng.standard_normal((800, 200)).astype(np.float32)
+  item = one_kernel(fg.Tensor(a) @ fg.Tensor(b))
+  for items, rows in ((0, 2), (16, 4)):
+    caps = replace(_avx512_gcc(rd.get("CPU").caps), tile_items=items)
+    opts = heuristic.hand_coded(item.kernel, caps)
+    ups = [o for o in opts if o.op is OptOp.UPCAST]
+    assert ups[0].arg == rows and ups[1].arg == 16, opts
+    k = apply_opts(item.kernel, opts, caps)
+    red = [x for x in k.axes if x.kind is AxisKind.UPCAST and x.var in
+           {v for r in heuristic._reduces(k) for v in r.loops}]
+    assert len(red) == 1 and rows * red[0].size == heuristic.TILE_MIN_ACCUMULATORS, opts
+    _close(run(item, tuple(opts)), a @ b)
+    _close(run(item, tuple(opts), "CPU"), a @ b)
+
+
 def test_gcc_avx512_tile_is_six_rows_of_four_vectors(rng):
   """With gcc on AVX-512 the register tile is 6 rows x 4 vectors of 16 columns (24 of the 32 registers; rows padded
   to a multiple of 6 where that wastes little); values match numpy on the interpreter and compiled."""
@@ -303,7 +324,7 @@ def test_gpu_heuristic_keeps_the_result(name, rng):
 def _avx512(caps):
   from dataclasses import replace
   return replace(caps, vector_widths=(4, 8, 16), vector_registers=32, native_lanes=16, prefers_blocking=True, tile_registers=0, tile_columns=0,
-                 has_local=False, max_registers=256)
+                 has_local=False, max_registers=256, tile_items=0)
 
 
 def _avx512_gcc(caps):

@@ -78,6 +78,11 @@ COL_TILE_PAD_WASTE = 0.25
 # this share of it, instead of taking a narrower vector that divides it (AVX-512: 13 vectors of 16, not 25 of 8)
 ELEMENTWISE_PAD_WASTE = 1 / 8
 SPARE_REGISTERS = 4
+# the vector accumulators a register tile wants (an FMA's latency of 4 cycles at 2 a cycle: 8 chains): a tile of at
+# most half as many (few rows and one column vector: a small product keeping its work items) takes 2 or 4 partial sums
+# along its reduction beside each. [20, 800] @ [800, 200] on 2 threads (4 rows x 1 vector of 16, 52 items), its
+# kernel on a 2-core Xeon (AVX-512): 169 -> 68 us
+TILE_MIN_ACCUMULATORS = 8
 # a sum over the rows of a matrix (a bias gradient) takes up to this many column vectors per work item: with one, the
 # items of a [2048, 128] sum each read a line of every row, 512 bytes apart (the prefetcher stops at every page): 0.23
 # ms, 4.5 GB/s on a 2-core Xeon; with 8 each reads whole rows
@@ -214,7 +219,8 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   # (a small GPT's [256, 32] layernorm gradients summed into 32 weights: as 32 items of 8 reduction lanes gathered a
   # row apart, 9-19 us; as 1-2 items of column vectors, 1-6 us). The schedule's rules ask without caps: a column
   # sum recomputes nothing, and the operands they store for a tile are left as they were
-  if not ((extent // cols >= MIN_PARALLEL and _reused_without(col, reduces, deps)) or
+  items = (caps.tile_items if caps is not None else 0) or MIN_PARALLEL
+  if not ((extent // cols >= items and _reused_without(col, reduces, deps)) or
           (extent // cols >= (1 if caps is not None else 4) and _columns_contiguous(col, reduces))): return []
   col_loads = [x for x in loads if col in deps[id(x)]]
   if any(dict(sym.lin(x.idx).terms).get(col, 1) != 1 for x in col_loads if isinstance(x, Load)): return []
@@ -236,14 +242,14 @@ def register_tile(k: Kernel, caps: Caps | None = None) -> list:
   if col_vectors == 1 and (odd := _odd_tile(caps, nvec)) is not None: row_counts, col_vectors = odd
   def fits(r: int) -> bool:
     n = row_var.hi + 1
-    return work // r >= MIN_PARALLEL and (n % r == 0 or (r == row_counts[0] and (-n) % r <= n * ROW_PAD_WASTE))
+    return work // r >= items and (n % r == 0 or (r == row_counts[0] and (-n) % r <= n * ROW_PAD_WASTE))
   rows = next((r for r in row_counts if fits(r)), None) if row_var is not None else None
   if rows is not None and _reused_without(row_var, reduces, deps):
     tile.insert(0, (row_var, rows))
     work //= rows
     # several column vectors per row (a matmul): fewer reads of the rows per multiply-add
     panel = panel_of(col_vectors)
-    if col_vectors > 1 and work // col_vectors >= MIN_PARALLEL:
+    if col_vectors > 1 and work // col_vectors >= items:
       if nvec % col_vectors == 0 or padded(col_vectors): tile.append((None, col_vectors))
       elif panel is not None: tile.insert(1, (panel, col_vectors))
   elif caps is not None and _columns_contiguous(col, reduces):
@@ -364,6 +370,16 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
         var = k.axes[i].var
       i = do(OptOp.UPCAST, var, n)   # a split keeps the outer half in place
       if k.axes[i].kind is K.GLOBAL: outer.append(k.axes[i].var)
+    # a thin tile (few rows and column vectors: a small product keeping MIN_PARALLEL items) has too few accumulators to
+    # hide a multiply-add's latency: its reduction's innermost loop takes partial accumulators beside them
+    accs = 1
+    for _var, n in tile: accs *= n
+    accs //= tile_lanes(caps)
+    reds = _reduces(k)
+    if 2 * accs <= TILE_MIN_ACCUMULATORS and len(reds) == 1 and reds[0].loops:
+      last = reds[0].loops[-1]
+      m = 2 if 2 * accs >= TILE_MIN_ACCUMULATORS else 4
+      if (last.hi + 1) % m == 0 and last.hi + 1 >= 32 * m: do(OptOp.UPCAST, last, m)
     # the row blocks run fastest (neighbouring work items share a panel of columns in cache) where the panels are long
     # and the rows are read along the reduction (_rows_along_reduction)
     if len(outer) == 2 and max(_extent(r.loops) for r in _reduces(k)) >= SWAP_MIN_REDUCE and \
@@ -374,7 +390,8 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     # tile whose rows step READ_AHEAD bytes or more (_rows_step_far)
     if not _rows_step_far(k0, tile[0][0]):
       roots = [st.value for st in k.stores]
-      inner = {r.loops[-1] for r in _reduces(k) if r.loops}
+      loops = {a.var for a in k.of_kind(K.REDUCE)}   # (a reduction's partial sums are an UPCAST inside its loop)
+      inner = {[x for x in r.loops if x in loops][-1] for r in _reduces(k) if any(x in loops for x in r.loops)}
       for a in k.of_kind(K.REDUCE):
         if a.var in inner and a.size >= SWAP_MIN_REDUCE and streamed_loads(roots, a.var):
           do(OptOp.READAHEAD, a.var, READ_AHEAD)

@@ -27,6 +27,9 @@ class Caps:
   # the machine's peak (AVX-512 8 x 1, AVX2 4 x 2)
   tile_registers: int = 0
   tile_columns: int = 0
+  # the fewest work items a register tile leaves (0: heuristic.MIN_PARALLEL); a CPU of few threads sets fewer, so a
+  # small product takes a tile with enough accumulators to hide its multiply-adds' latency
+  tile_items: int = 0
   prefers_blocking: bool = True  # register tiles and reduction lanes pay (CPUs; kept for GPUs until measured)
 
 
