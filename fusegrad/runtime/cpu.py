@@ -33,9 +33,11 @@ FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv
 # invariant (a kernel argument) came out wrong for some lanes (binary_cross_entropy_with_logits' gradient;
 # tests/test_params.py). Threading buys nothing in a kernel's straight-line body.
 GCC_FLAGS = ["-ftree-vectorize", "-fvect-cost-model=dynamic", "-fno-thread-jumps"]
-# below this much estimated work (Kernel.cost) a kernel runs on the calling thread: a hand-off costs more
-# (measured on 2 cores: a memory-bound add gains from a second thread from about 2^19 elements)
-PARALLEL_MIN_WORK = 1 << 20
+# below this much estimated work (Kernel.cost) a kernel runs on the calling thread: a hand-off costs more (the
+# workers spin a while before they sleep, so in a stream of kernels it is a few us). 2-core Xeon, kernel times with
+# 2^18 against 2^20: a + b over 2^17 floats 43 -> 28 us, exp(a) * tanh(b) over 2^15 49 -> 39 and 2^16 85 -> 57, 2^14
+# and 2^15 adds alike (2^17 made a 2^15 add slower); the word LM's jitted step 56 -> 51 ms, the VAE's 2.39 -> 2.11
+PARALLEL_MIN_WORK = 1 << 18
 CHUNKS_PER_THREAD = 4
 # a long kernel is cut into chunks of about this much work (a few milliseconds): the launcher returns to
 # Python between chunks to let a KeyboardInterrupt in, and a cancelled kernel stops after the chunks running
