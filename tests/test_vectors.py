@@ -293,6 +293,18 @@ def test_random_bits_are_integer_lanes(dev, rng):
     np.testing.assert_allclose(got, ref, rtol=1e-6)
     assert 0.5 < kept.mean() < 0.9   # (p = 0.3: of 256 or 720 draws)
     np.testing.assert_allclose(got[kept], (x.numpy() / 0.7 * np.exp(x.numpy() * 0.5))[kept], rtol=1e-5)
+  # the bits themselves stored (a schedule may keep a random draw's bits in a buffer): uint32 vector stores
+  from fusegrad.tensor import _random_bits
+  fg.manual_seed(int(rng.integers(1 << 30)))
+  bits = _random_bits(8 * 64, dev)
+  item = one_kernel(bits)
+  opts = (Opt(OptOp.UPCAST, len(item.kernel.axes) - 1, 8),)
+  src = rd.get(dev).compile_with(item.kernel, opts).source
+  assert {"CPU": "fg_uint32x8", "OPENCL": "uint8"}[dev] in src[src.rindex(f"void {item.kernel.name}("):]
+  got = run(item, opts, dev)
+  np.testing.assert_array_equal(got, run(item, (), dev))
+  np.testing.assert_array_equal(got, _ref(item, opts))
+  assert len(np.unique(got)) > 500
   if dev == "CPU":
     fg.manual_seed(1)
     c = rd.get("CPU").compiled(one_kernel(fg.nn.functional.dropout(_t(rng, dev, 20, 200), 0.2) * 3).kernel)

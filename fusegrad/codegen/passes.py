@@ -461,7 +461,8 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
     elif (isvec(val) or (not islanes(val) and val.dtype is dt.float32)) and _stride(st.idx, u) == 1 and \
         u not in st.valid.variables():   # (a value the same in every lane, a constant: broadcast)
       out.append(Store(st.buf, sym.substitute(st.idx, at[0]), as_vec(val), st.valid))
-    elif masked and isvec(val) and _stride(st.idx, u) == 1 and (lr := _lane_range(st.valid, u)) is not None:
+    elif masked and isvec(val) and val.dtype.scalar is dt.float32 and _stride(st.idx, u) == 1 and \
+        (lr := _lane_range(st.valid, u)) is not None:
       out.append(Store(st.buf, sym.substitute(st.idx, at[0]), val, lr[0], lr[1]))
     else:
       for i, e in enumerate(at):
