@@ -305,6 +305,22 @@ def test_random_bits_are_integer_lanes(dev, rng):
   np.testing.assert_array_equal(got, run(item, (), dev))
   np.testing.assert_array_equal(got, _ref(item, opts))
   assert len(np.unique(got)) > 500
+  # and read back from the buffer into floats (uint32 vector loads, a shift, a vector convert)
+  stored = bits.realize()
+  item = one_kernel(((stored >> 8).float() * (1.0 / (1 << 24))).reshape(8, 64) * 2 - 1)
+  opts = (Opt(OptOp.UPCAST, len(item.kernel.axes) - 1, 8),)
+  src = rd.get(dev).compile_with(item.kernel, opts).source
+  assert {"CPU": "fg_vload_fg_uint32x8(", "OPENCL": "uint8"}[dev] in src[src.rindex(f"void {item.kernel.name}("):]
+  got = run(item, opts, dev)
+  np.testing.assert_array_equal(got, run(item, (), dev))
+  np.testing.assert_array_equal(got, ((stored.numpy() >> 8).astype(np.float32) / (1 << 24)).reshape(8, 64) * 2 - 1)
+  # read under a guard along the lanes (padding): lane by lane into a vector, the rest still vectors
+  want = (np.pad(stored.numpy().reshape(8, 64)[:, :60], ((0, 0), (2, 2))) >> 8).astype(np.float32) * 3
+  item = one_kernel((fg.nn.functional.pad(stored.reshape(8, 64)[:, :60], (2, 2)) >> 8).float() * 3)
+  opts = (Opt(OptOp.UPCAST, len(item.kernel.axes) - 1, 8),)
+  src = rd.get(dev).compile_with(item.kernel, opts).source
+  assert {"CPU": "fg_uint32x8", "OPENCL": "uint8"}[dev] in src[src.rindex(f"void {item.kernel.name}("):]
+  np.testing.assert_array_equal(run(item, opts, dev), want)
   if dev == "CPU":
     fg.manual_seed(1)
     c = rd.get("CPU").compiled(one_kernel(fg.nn.functional.dropout(_t(rng, dev, 20, 200), 0.2) * 3).kernel)

@@ -298,10 +298,13 @@ def _vector_saving(k: Kernel, u, vals: list, deps: dict, masks: set) -> float:
   return total
 
 
-def _int_lanes(v) -> bool:
-  """Is v a 32-bit integer value that vectors of it compute lane by lane (VECTOR_INT_OPS, an index)?"""
+def _int_lanes(v, u=None) -> bool:
+  """Is v a 32-bit integer value that vectors of it compute lane by lane (VECTOR_INT_OPS, an index, a load that
+  steps by 1 along the vector axis u: a random draw's bits kept in a buffer, a vector load where no guard bounds u's
+  lanes, else lane by lane into a vector)?"""
   if v.dtype not in VECTOR_INTS: return False
   if isinstance(v, Index): return True
+  if isinstance(v, Load): return u is not None and _stride(v.idx, u) == 1
   if not isinstance(v, Alu) or v.op not in VECTOR_INT_OPS or any(c.dtype is not v.dtype for c in v.src): return False
   return v.op not in ("SHL", "SHR") or (isinstance(v.src[1], Const) and 0 <= v.src[1].value < 32)
 
@@ -317,7 +320,8 @@ def _vector_region(u, vals: list, deps: dict, masks: set) -> set | None:
     if not on_u(v): continue
     region.add(id(v))
     if (reduces and id(v) not in inside) or id(v) in masks: continue
-    if _int_lanes(v) or (isinstance(v, Alu) and v.op == "CAST" and v.dtype is dt.float32 and _int_lanes(v.src[0])):
+    if _int_lanes(v, u) or (isinstance(v, Alu) and v.op == "CAST" and v.dtype is dt.float32 and
+                            _int_lanes(v.src[0], u)):
       continue
     if v.dtype is not dt.float32: return None
     ok = isinstance(v, (Load, LocalLoad)) or (isinstance(v, Alu) and v.op in VECTOR_OPS) or \
@@ -401,7 +405,11 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
       return r
     vd = vec(v.dtype, n)
     if isinstance(v, Load):
-      if v.dtype is not dt.float32:
+      if v.dtype is not dt.float32 and _int_lanes(v, u) and u not in v.valid.variables():
+        r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)
+      elif v.dtype is not dt.float32 and _int_lanes(v, u):
+        r = Vectorize(tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at), vd)
+      elif v.dtype is not dt.float32:
         r = tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
       elif _stride(v.idx, u) == 1 and u not in v.valid.variables():
         r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)

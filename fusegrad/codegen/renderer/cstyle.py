@@ -477,8 +477,9 @@ def _c_vectors(widths) -> str:
     out += [f"typedef float {t} __attribute__((vector_size({4 * n})));",
             f"typedef int32_t {m} __attribute__((vector_size({4 * n})));",
             f"typedef uint32_t fg_uint32x{n} __attribute__((vector_size({4 * n})));",
-            # (32-bit integer lanes stored: passes.VECTOR_INT_OPS' values, a random draw's bits kept in a buffer)
-            *(f"static inline void fg_vstore_{v}({c}* p, {v} x) {{ memcpy(p, &x, sizeof x); }}"
+            # (32-bit integer lanes loaded and stored: passes.VECTOR_INT_OPS' values, a random draw's bits in a buffer)
+            *(f"static inline {v} fg_vload_{v}(const {c}* p) {{ {v} x; memcpy(&x, p, sizeof x); return x; }}\n"
+              f"static inline void fg_vstore_{v}({c}* p, {v} x) {{ memcpy(p, &x, sizeof x); }}"
               for v, c in ((m, "int32_t"), (f"fg_uint32x{n}", "uint32_t"))),
             f"static inline {t} fg_vload_{t}(const float* p) {{ {t} v; memcpy(&v, p, sizeof v); return v; }}",
             f"static inline void fg_vstore_{t}(float* p, {t} v) {{ memcpy(p, &v, sizeof v); }}"]
