@@ -230,14 +230,19 @@ def rewrite_reductions(roots: list[Node]) -> tuple[list[Node], dict[int, Node], 
       m, partial = split(m, params(m.device))
       cuts[id(partial)] = reason("split_reduce", f"the partial results of a reduction of {red} elements into {n.numel}, "
                                                  "computed in parallel")
-    elif m.op == "REDUCE" and (parts := chunks(m, params(m.device))):
-      red = prod(m.src[0].shape[a] for a in m.arg[1])
-      m, partial = chunk(m, parts)
-      cuts[id(partial)] = reason("chunk_reduce", f"a contraction of {red} elements per output computed in {parts} "
-                                                 "chunks (each chunk's operands stay in cache)")
-    elif m.op == "REDUCE" and (lay := layout_operand(m)) is not None:
-      m, copy, why = relayout(m, *lay)
-      cuts[id(copy)] = reason("operand_layout", why)
+    else:
+      # a matmul's column operand in its tile's layout first, then (a long contraction) in chunks: chunked without
+      # it, `x @ w.T` over 2048 ran its column operand a row apart, untiled (256x2048 @ 2048x512: 19 ms, 28 GFLOP/s)
+      if m.op == "REDUCE" and (lay := layout_operand(m)) is not None:
+        m, copy, why = relayout(m, *lay)
+        cuts[id(copy)] = reason("operand_layout", why)
+      r = m if m.op == "REDUCE" else m.src[0] if m.op == "VIEW" and m.src[0].op == "REDUCE" else None
+      if r is not None and (parts := chunks(r, params(r.device))):
+        red = prod(r.src[0].shape[a] for a in r.arg[1])
+        value, partial = chunk(r, parts)
+        m = value if r is m else gn.make(m.op, m.dtype, (value,), m.arg, m.shape, m.device)
+        cuts[id(partial)] = reason("chunk_reduce", f"a contraction of {red} elements per output computed in {parts} "
+                                                   "chunks (each chunk's operands stay in cache)")
     if m is not n:
       new[id(n)] = m
       back.setdefault(id(m), n)
@@ -253,9 +258,11 @@ TRANSPOSE_MIN_ROWS = 16
 # large float32 matmuls on devices with vector register tiles read their column operand from panels (relayout):
 # at least this many multiply-adds (batch aside), rows, and reduction length
 PANEL_MIN_WORK = 1 << 24
-# ...the copy is paid once per matmul and saved once per row tile (an MLP's batch of 256 rows: its step was 3.4 ms
-# without packing, 3.6-4.1 with it)
-PANEL_MIN_ROWS = 1024
+# ...the copy is paid once per matmul and saved once per row tile. From as few rows as a transposed copy: the panel
+# copy reads each row of b for 16 columns at once where the transposed copy's neighbouring work items read other
+# rows, a page apart (2-core Xeon, `x @ w.T`: 32x4096 @ 4096x4096 104 -> 14 ms, 64x2048 @ 2048x2048 27 -> 3.5,
+# 256x2048 @ 2048x512 7.3 -> 2.1; an MLP 784-256-256-10's step on batch 256 alike; it had been 1024 rows)
+PANEL_MIN_ROWS = 16
 PANEL_MIN_K = 128
 
 

@@ -196,10 +196,12 @@ def test_weight_gradient_keeps_its_columns_fastest(rng):
   assert [o for o in opts if o.op in _TILE_OPS][-1].op is OptOp.SWAP, opts
 
 
-def test_weight_gradient_rows_far_apart_get_no_read_ahead(rng):
+def test_weight_gradient_rows_far_apart_get_no_read_ahead(rng, monkeypatch):
   """A weight gradient whose rows step a read-ahead distance or more along its reduction (512 outputs: 2 KB) gets no
   read-ahead hints (one per row, a step ahead); rows closer together (128 outputs) and a matmul's panels keep them.
-  Values as numpy's compiled."""
+  Values as numpy's compiled. (Its operands in their own layout: the scheduler's panels kept for fewer rows.)"""
+  from fusegrad.schedule import rules
+  monkeypatch.setattr(rules, "PANEL_MIN_ROWS", 1 << 20)
   caps = _avx512_gcc(rd.get("PYTHON").caps)
   x = rng.standard_normal((512, 128)).astype(np.float32)
   for n, hints in ((512, False), (128, True)):
