@@ -743,6 +743,34 @@ def test_cumsum(device, rng, dim, dtype):
   check(x.cumsum(dim), ref(lambda t: t.cumsum(dim), tx), loose=2, atol=l1_atol(lambda t: ref(lambda u: u.cumsum(dim), t), tx))
 
 
+@pytest.mark.parametrize("n", [65, 1000])
+def test_long_cumulative_sums_and_products(device, rng, n):
+  """Past SCAN_BLOCK_MIN a cumulative sum (product) runs in blocks (tensor._scan_sum: each block's running sums plus
+  the blocks' scanned totals): values against float64, along a middle and the last dim, integers exact, gradients
+  against torch; an inf stays in the positions after it (before it they are finite) and a NaN likewise."""
+  a = rng.standard_normal((3, n)).astype(np.float32)
+  want = np.cumsum(a.astype(np.float64), 1)
+  got = fg.Tensor(a, device=device).cumsum(1).numpy()
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(n))
+  got = fg.Tensor(np.ascontiguousarray(a.T), device=device).cumsum(0).numpy()
+  np.testing.assert_allclose(got, want.T, rtol=1e-5, atol=1e-5 * np.sqrt(n))
+  ai = rng.integers(-9, 9, (2, n)).astype(np.int32)
+  np.testing.assert_array_equal(fg.Tensor(ai, device=device).cumsum(1).numpy(), np.cumsum(ai, 1))
+  p = (1 + 0.01 * rng.standard_normal((2, n))).astype(np.float32)
+  np.testing.assert_allclose(fg.Tensor(p, device=device).cumprod(1).numpy(), np.cumprod(p.astype(np.float64), 1), rtol=1e-4)
+  b = a.copy()
+  b[0, n // 2], b[1, n // 3] = np.inf, np.nan
+  got = fg.Tensor(b, device=device).cumsum(1).numpy()
+  assert np.isfinite(got[0, :n // 2]).all() and np.isposinf(got[0, n // 2:]).all()
+  assert np.isfinite(got[1, :n // 3]).all() and np.isnan(got[1, n // 3:]).all()
+  g = rng.standard_normal((3, n)).astype(np.float32)
+  for op, data in (("cumsum", a), ("cumprod", (1 + 0.01 * a).astype(np.float32))):
+    x, tx = fg.Tensor(data, device=device, requires_grad=True), torch.tensor(data, requires_grad=True)
+    getattr(x, op)(1).backward(fg.Tensor(g, device=device))
+    getattr(tx, op)(1).backward(torch.tensor(g))
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4 * np.sqrt(n))
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("dim", [0, 1, -1])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

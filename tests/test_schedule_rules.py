@@ -117,6 +117,24 @@ def test_small_nested_reduction_stays_fused(rng, fresh_caches):
   np.testing.assert_allclose(out, (c.astype(np.float64) @ d).sum(0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_a_reduction_broadcast_along_anothers_outputs_is_stored(rng, fresh_caches, mode):
+  """Bilinear (bicubic) interpolation resamples each spatial dim by a product with a small matrix; the second
+  product reads the first broadcast along its own outputs. Fused, every output summed the whole input window (a
+  [8, 32, 64, 64] upsampling: 250 ms, torch 8); the first product is stored (nested_reduction) and each is a matmul.
+  Values against torch (same float32 weights)."""
+  import torch
+  x = randn(rng, 2, 3, 20, 24)
+  tx = realized(x)
+  out = fg.nn.functional.interpolate(tx, scale_factor=2, mode=mode)
+  whys = _whys(out)
+  assert len(whys) == 2 and whys[0].startswith("nested_reduction: a reduction broadcast along another's outputs"), whys
+  want = torch.nn.functional.interpolate(torch.tensor(x), scale_factor=2, mode=mode).numpy()
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+  # small ones stay one kernel (a reduction of 2 elements: under Params.nested_min)
+  assert len(_whys(fg.nn.functional.interpolate(realized(randn(rng, 1, 1, 2, 2)), scale_factor=2, mode="bilinear"))) == 1
+
+
 # ---- split reduce: a scheduler rewrite --------------------------------------------------------------------------
 
 def test_big_sum_is_two_kernels_small_sum_one(rng, fresh_caches):

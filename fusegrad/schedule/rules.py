@@ -394,6 +394,12 @@ def reduction_sum(x: Node, is_cut, budget: list) -> list | None:
   return out
 
 
+def _through_views(x: Node) -> Node:
+  """x below the views that read each element once (a permute, a reshape)."""
+  while x.op == "VIEW" and not x.realized and _reads_once(x): x = x.src[0]
+  return x
+
+
 def nested_reduction_cuts(order: list[Node], is_cut) -> dict[int, tuple[Node, str]]:
   """One pass over the graph (sources first): a reduction R whose source reaches another reduction X through
   elementwise ops and views that read each element once recomputes X in every iteration of its loop, serially
@@ -423,7 +429,16 @@ def nested_reduction_cuts(order: list[Node], is_cut) -> dict[int, tuple[Node, st
         cuts[id(x)] = (x, reason("nested_reduction", f"a sum of {len(terms)} reductions recomputed in every iteration of "
                                                      "another's loop"))
         continue
-      if x.op == "VIEW" and not _reads_once(x): continue
+      if x.op == "VIEW" and not _reads_once(x):
+        # a reduction broadcast along one of R's output dims is recomputed for each of its indices (bilinear
+        # interpolation's two resampling products, fused: every output summed the whole 64x64 input, 250 ms)
+        wide = prod(n for d, (n, st) in enumerate(zip(x.shape, x.arg.strides)) if st == 0 and d not in r.arg[1])
+        if x.shape == r.src[0].shape and wide > 1 and (y := _through_views(x.src[0])).op == "REDUCE" and \
+           not y.realized and not is_cut(y) and id(y) not in cuts and \
+           (red := prod(y.src[0].shape[a] for a in y.arg[1])) >= p.nested_min and red * red_r * wide >= p.serial_ok:
+          cuts[id(y)] = (y, reason("nested_reduction", "a reduction broadcast along another's outputs, recomputed for "
+                                                       "each"))
+        continue
       if x.op in ("CAST", "CONTIGUOUS", "VIEW") or (x.op not in ("GATHER", "COPY", "CONST", "IOTA", "BUFFER")
                                                       and all(s.shape == x.shape for s in x.src)):
         stack.extend(x.src)
