@@ -254,6 +254,23 @@ def test_heuristic_loops_a_transposing_copy_along_its_reads(rng):
     np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), a.T)
 
 
+def test_a_reduction_down_columns_takes_vectors_across_them(rng):
+  """A softmax over dim 0 reads each column's rows a row apart: its reductions take no lanes along the rows and its
+  output loop none either (gathers, 16 x 64 scalar accumulators before: 200 ms for 2048^2); the column axis takes
+  the vectors, every load a vector of neighbouring columns. Values as torch's, on the interpreter and compiled."""
+  import torch
+  a = rng.standard_normal((96, 1024)).astype(np.float32)
+  item = one_kernel(fg.Tensor(a).softmax(0))
+  caps = _avx512(rd.get("PYTHON").caps)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  k = apply_opts(item.kernel, opts, caps)
+  ups = [x for x in k.axes if x.kind is AxisKind.UPCAST]
+  assert len(ups) == 1 and ups[0].size == 16 and not any(ups[0].var in r.loops for r in heuristic._reduces(k)), opts
+  want = torch.tensor(a).softmax(0).numpy()
+  _close(run(item, tuple(opts)), want)
+  _close(run(item, tuple(opts), "CPU"), want)
+
+
 def test_heuristic_splits_rows_read_by_division(rng):
   """An elementwise kernel over positions laid out as padded rows (a row convolution's [.., 56 x 58 + 16]: every index
   divides by 58) is padded to whole rows and loops over a row in each work item, so no index divides per element;

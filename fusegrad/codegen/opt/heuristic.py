@@ -159,6 +159,14 @@ def _reused_without(var, reduces, deps) -> bool:
   return False
 
 
+def _steps_along(k: Kernel, r, var) -> bool:
+  """Does some load that reduction r reads move along var by 1 (or r reads no load along var at all)?"""
+  from fusegrad.codegen.passes import _stride
+  deps = dependencies([r.src])
+  moving = [x for x in toposort([r.src]) if isinstance(x, (Load, Gather)) and var in deps[id(x)]]
+  return not moving or any(isinstance(x, Load) and _stride(x.idx, var) == 1 for x in moving)
+
+
 def _reduce_loads(reduces) -> list:
   return [x for r in reduces for x in toposort([r.src]) if isinstance(x, (Load, Gather))]
 
@@ -457,6 +465,10 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     if last in done: continue   # a loop two reductions share, upcast already
     done.add(last)
     size = last.hi + 1
+    # a reduction whose every read strides along its loop (a softmax over dim 0: each column summed down its rows)
+    # takes no lanes along it: the output axis below takes the vectors (passes, loads along the rows), where lanes
+    # of both made 16 x 64 scalar accumulators (a [2048, 2048] softmax over dim 0: 200 ms, torch 24)
+    if not _steps_along(k, r, last): continue
     # a sum of vector ops: one vector register of lanes per accumulator, and a few accumulators (an add's latency
     # hides behind the others'); anything else keeps REDUCE_LANES scalar accumulators. Each reduction of a kernel
     # (a softmax's max and sum) is its own vectors
@@ -472,7 +484,9 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       if accs > 1: do(OptOp.UPCAST, k.axes[i].var, accs)   # the outer part of the split, in the axis's place
     elif size % REDUCE_LANES == 0 and size >= 4 * REDUCE_LANES:
       do(OptOp.UPCAST, last, REDUCE_LANES)
-  if len(opts) == n0 and not k.of_kind(K.LOOP):
+  # output loops that read no vector along themselves (a softmax over dim 0: each column's outputs a row apart)
+  strided_loops = bool(k.of_kind(K.LOOP)) and all(not _vector_reads(k, a.var) for a in k.of_kind(K.LOOP))
+  if len(opts) == n0 and (not k.of_kind(K.LOOP) or strided_loops):
     # no reduction took lanes (a length no multiple of them: a max over a vocabulary of 65): each output's reduction
     # is one chain of dependent steps (a NaN-propagating max: a compare and a select a step). The innermost output
     # axis takes the lanes instead where they are vectors (passes.vector_axes), one independent chain per lane: a small
@@ -488,6 +502,7 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
   # the loop over a row's outputs after its reductions (a softmax's exp(x - max) / sum) in vectors too, so no
   # compiler's vectorizer decides its speed (gcc gives up on fg_expf's selects without AVX-512's masks)
   for a in k.of_kind(K.LOOP):
+    if strided_loops: break   # (its reads a row apart: gathered lane by lane, the output axis's vectors above instead)
     v = next((x for x in sorted(caps.vector_widths, reverse=True) if a.size % x == 0 and a.size >= 4 * x), 0)
     kv = _in_vectors(k, a.var, v, caps) if v else None
     if kv is not None:
