@@ -135,8 +135,8 @@ TILE_ITEMS_PER_THREAD = 8
 
 
 def tile_caps(regs: int, lanes: int) -> dict:
-  """Caps.tile_registers, tile_columns, max_registers and tile_items for this machine's compiler and threads (also with no compiler:
-  compiling says why). clang: half the registers and 16 columns. gcc with AVX-512: 4 vectors of 16 columns (6 rows
+  """Caps.tile_registers, tile_columns, max_registers and tile_items for this machine's compiler (also with no
+  compiler: compiling says why) and threads (TILE_ITEMS_PER_THREAD). clang: half the registers and 16 columns. gcc with AVX-512: 4 vectors of 16 columns (6 rows
   of them in the 32 registers: fewer loads per multiply-add than 8 rows x 2 vectors; on a 2-core Intel Xeon (Granite
   Rapids, two 512-bit FMA units a core) 1024^3 148 -> 163 GFLOP/s a core, torch 165), the work item's expanded
   values up to that tile's 384 (not the register file's 512: a fold of 512 accumulators, a chain of 511 ops, recursed

@@ -378,8 +378,8 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
         var = k.axes[i].var
       i = do(OptOp.UPCAST, var, n)   # a split keeps the outer half in place
       if k.axes[i].kind is K.GLOBAL: outer.append(k.axes[i].var)
-    # a thin tile (few rows and column vectors: a small product keeping MIN_PARALLEL items) has too few accumulators to
-    # hide a multiply-add's latency: its reduction's innermost loop takes partial accumulators beside them
+    # a thin tile (few rows and column vectors: a small product keeping its Caps.tile_items work items) has too few
+    # accumulators to hide a multiply-add's latency: its reduction's innermost loop takes partial sums beside them
     accs = 1
     for _var, n in tile: accs *= n
     accs //= tile_lanes(caps)
