@@ -264,6 +264,10 @@ PANEL_MIN_WORK = 1 << 24
 # 256x2048 @ 2048x512 7.3 -> 2.1; an MLP 784-256-256-10's step on batch 256 alike; it had been 1024 rows)
 PANEL_MIN_ROWS = 16
 PANEL_MIN_K = 128
+# ...and columns no multiple of the panel are padded to one (zeros, cropped from the product) where that adds at
+# most this share of them (1000 classes as 1008: the transposed copy it took instead ran 512x4096 @ 4096x1000 at
+# half torch's speed)
+PANEL_PAD_WASTE = 1 / 16
 
 
 def _matmul_operands(r: Node):
@@ -302,7 +306,7 @@ def _panel_width(device: str, dtype, n: int, k: int, m: int) -> int:
   # columns in panels of 8 ran a [700, 800] @ [800, 200] product as lanes along its reduction, 11 GFLOP/s)
   from fusegrad.codegen.opt.heuristic import tile_lanes
   p = tile_lanes(caps)
-  return p if m % p == 0 and p >= 8 and m >= 4 * p else 0
+  return p if (m % p == 0 or (-m) % p <= m * PANEL_PAD_WASTE) and p >= 8 and m >= 4 * p else 0
 
 
 def layout_operand(r: Node):
@@ -347,16 +351,23 @@ def relayout(r: Node, operands: tuple, panel: int) -> tuple[Node, Node, str]:
     return gn.reduce(prod_, "SUM", r.arg[1]), copy, \
         f"the column operand of a [{n}x{k}] @ [{k}x{m}] matmul read across its columns: copied transposed"
   lead = bc.shape[:-2]
-  packed = gn.movement(gn.movement(bc, "RESHAPE", lead + (k, m // panel, panel)), "PERMUTE",
+  mp = m + (-m) % panel                               # (columns padded to whole panels: zeros, cropped below)
+  if mp != m: bc = gn.movement(bc, "PAD", ((0, 0),) * (len(bc.shape) - 1) + ((0, mp - m),))
+  packed = gn.movement(gn.movement(bc, "RESHAPE", lead + (k, mp // panel, panel)), "PERMUTE",
                        tuple(range(len(lead))) + tuple(len(lead) + i for i in (1, 0, 2)))
   copy = gn.contiguous(packed)                        # [..., 1, m/panel, k, panel]
-  full = tuple(batch) + (n, m // panel, k, panel)
+  full = tuple(batch) + (n, mp // panel, k, panel)
   nb = cast(gn.movement(copy, "EXPAND", full), cb)
   ac = _core(a)                                       # [..., n, k, 1]
   na = cast(gn.movement(gn.movement(ac, "RESHAPE", ac.shape[:-2] + (1, k, 1)), "EXPAND", full), ca)
   out = gn.reduce(gn.alu("MUL", na, nb), "SUM", (len(full) - 2,))     # [..., n, m/panel, 1, panel]
-  return gn.movement(out, "RESHAPE", r.shape), copy, \
-      f"the column operand of a [{n}x{k}] @ [{k}x{m}] float32 matmul packed in panels of {panel} columns"
+  out = gn.movement(out, "RESHAPE", r.shape[:-1] + (mp,))
+  # (padded: the product stored whole, its readers reading the columns they want; computed through the crop, its
+  # kernel indexed the panels by division and took no tile)
+  if mp != m: out = gn.movement(gn.contiguous(out), "SHRINK", tuple((0, s) for s in r.shape))
+  return out, copy, \
+      f"the column operand of a [{n}x{k}] @ [{k}x{m}] float32 matmul packed in panels of {panel} columns" + \
+      (f" (padded to {mp})" if mp != m else "")
 
 
 # ---- graph rule: a reduction's source that is itself a big reduction (a matmul feeding a sum) -------------------

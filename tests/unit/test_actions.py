@@ -497,7 +497,7 @@ def test_pieces_fold_a_concatenation_of_gate_gradients(rng):
     assert np.signbit(got[0, 600:605]).all()
 
 
-def test_padded_columns_load_and_store_masked_vectors(rng):
+def test_padded_columns_load_and_store_masked_vectors(rng, monkeypatch):
   """A product whose 200 columns are padded to 13 vectors of 16 (a hidden size of 200) reads its column operand with
   masked vector loads (ir.Load.lanes, Caps.masked_vectors): the last vector's lanes past column 200 are not read,
   instead of 16 scalar loads a lane whose index wraps (`% 200`) per step of the reduction. Its outputs are masked
@@ -519,7 +519,10 @@ def test_padded_columns_load_and_store_masked_vectors(rng):
   for dev in ("PYTHON", "CPU"):
     np.testing.assert_allclose(run(item, tuple(opts), dev), want, rtol=1e-4, atol=1e-3)
   # with rows enough for the machine's tile, the 13 column vectors are padded to a multiple of the tile's (16 for gcc's
-  # 4 vectors on AVX-512; COL_TILE_PAD_WASTE): the padded vectors read in bounds (wrapped), their lanes masked
+  # 4 vectors on AVX-512; COL_TILE_PAD_WASTE): the padded vectors read in bounds (wrapped), their lanes masked. (The
+  # operand in its own layout: the scheduler packs it in padded panels from 16 rows on)
+  from fusegrad.schedule import rules
+  monkeypatch.setattr(rules, "PANEL_MIN_ROWS", 1 << 20)
   a = rng.standard_normal((384, 800)).astype(np.float32)
   item = one_kernel(fg.Tensor(a) @ fg.Tensor(w))
   caps = _avx512_gcc(rd.get("PYTHON").caps)
