@@ -1401,7 +1401,7 @@ def _scan_sum(x: Tensor, prod: bool = False) -> Tensor:
   sum_k xpad[..., i + k] over a windowed view with n-1 zeros (ones) in front (one kernel, n^2 operations a row);
   longer, in blocks of SCAN_BLOCK: each block's own running sums, plus the sum of the blocks before it (the blocks'
   totals scanned the same way, recursively): about n * SCAN_BLOCK operations, where the one window did n^2 (a
-  [4096, 1024] cumsum: 244 -> 34 ms on a 2-core Xeon; its windowed sums run lane by lane, torch's scan 8 ms)."""
+  [4096, 1024] cumsum: 244 -> 12.5 ms on a 2-core Xeon; its windowed sums run lane by lane, torch's scan 1.6 ms)."""
   n, ident = x.shape[-1], 1 if prod else 0
   if n <= SCAN_BLOCK_MIN:
     w = _windows(x.pad((n - 1, 0), value=ident), n)
