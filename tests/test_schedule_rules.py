@@ -373,6 +373,12 @@ def test_panels_for_few_rows_padded_columns_and_long_contractions(rng, fresh_cac
   np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose((realized(a) @ realized(b)).relu().sum(0).numpy(), np.maximum(a @ b, 0).sum(0),
                              rtol=1e-4, atol=1e-2)
+  # padded and long: the relaid product under its crop is chunked too (it ran at half the speed unchunked)
+  x, w = randn(rng, 32, 4096), randn(rng, 1000, 4096)
+  out = realized(x) @ realized(w).T
+  whys = _whys(out)
+  assert "padded to" in whys[0] and any(wy.startswith("chunk_reduce") for wy in whys), whys
+  np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-4, atol=1e-3)
 
 
 # ---- chunked contractions: a scheduler rewrite (rules.chunk) -------------------------------------------------------

@@ -236,11 +236,14 @@ def rewrite_reductions(roots: list[Node]) -> tuple[list[Node], dict[int, Node], 
       if m.op == "REDUCE" and (lay := layout_operand(m)) is not None:
         m, copy, why = relayout(m, *lay)
         cuts[id(copy)] = reason("operand_layout", why)
-      r = m if m.op == "REDUCE" else m.src[0] if m.op == "VIEW" and m.src[0].op == "REDUCE" else None
-      if r is not None and (parts := chunks(r, params(r.device))):
+      chain, r = [], m   # (the relaid product below its reshape, and the crop of a padded one)
+      while r.op in ("VIEW", "CONTIGUOUS") and len(r.src) == 1 and r.src[0].op in ("VIEW", "CONTIGUOUS", "REDUCE"):
+        chain.append(r)
+        r = r.src[0]
+      if r.op == "REDUCE" and (parts := chunks(r, params(r.device))):
         red = prod(r.src[0].shape[a] for a in r.arg[1])
-        value, partial = chunk(r, parts)
-        m = value if r is m else gn.make(m.op, m.dtype, (value,), m.arg, m.shape, m.device)
+        m, partial = chunk(r, parts)
+        for c in reversed(chain): m = gn.make(c.op, c.dtype, (m,), c.arg, c.shape, c.device)
         cuts[id(partial)] = reason("chunk_reduce", f"a contraction of {red} elements per output computed in {parts} "
                                                    "chunks (each chunk's operands stay in cache)")
     if m is not n:
