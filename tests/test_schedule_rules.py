@@ -356,8 +356,8 @@ def test_large_matmul_reads_panels_on_vector_tile_devices(rng, fresh_caches):
 
 def test_panels_for_few_rows_padded_columns_and_long_contractions(rng, fresh_caches):
   """Panels from 16 rows (rules.PANEL_MIN_ROWS): `x @ w.T` for 32 rows packs w in panels (its transposed copy read
-  rows a page apart per work item). Columns no multiple of the panel are padded to one (1000 as 1008: the product is
-  stored padded, its reader takes the 1000 columns). A long contraction is laid out first, then chunked (chunked
+  rows a page apart per work item). Columns no multiple of the panel are padded to one (1004 as 1008: the product is
+  stored padded, its reader takes the 1004 columns). A long contraction is laid out first, then chunked (chunked
   first, its column operand stayed a row apart and the product untiled). Values against numpy."""
   lanes = max(fg.runtime.device.get("CPU").caps.vector_widths)
   x, w = randn(rng, 32, 2048), randn(rng, 512, 2048)
@@ -366,15 +366,15 @@ def test_panels_for_few_rows_padded_columns_and_long_contractions(rng, fresh_cac
   assert whys[0].startswith("operand_layout") and f"panels of {lanes} columns" in whys[0], whys
   assert any(wy.startswith("chunk_reduce") for wy in whys), whys
   np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-4, atol=1e-3)
-  a, b = randn(rng, 64, 512), randn(rng, 512, 1000)
+  a, b = randn(rng, 64, 512), randn(rng, 512, 1004)   # (1004: no multiple of 8 or 16 lanes)
   out = realized(a) @ realized(b)
   whys = _whys(out)
-  assert whys[0].startswith("operand_layout") and f"(padded to {1000 + (-1000) % lanes})" in whys[0], whys
+  assert whys[0].startswith("operand_layout") and f"(padded to {1004 + (-1004) % lanes})" in whys[0], whys
   np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose((realized(a) @ realized(b)).relu().sum(0).numpy(), np.maximum(a @ b, 0).sum(0),
                              rtol=1e-4, atol=1e-2)
   # padded and long: the relaid product under its crop is chunked too (it ran at half the speed unchunked)
-  x, w = randn(rng, 32, 4096), randn(rng, 1000, 4096)
+  x, w = randn(rng, 32, 4096), randn(rng, 1004, 4096)
   out = realized(x) @ realized(w).T
   whys = _whys(out)
   assert "padded to" in whys[0] and any(wy.startswith("chunk_reduce") for wy in whys), whys
