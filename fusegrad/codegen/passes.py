@@ -404,16 +404,12 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
       memo[id(v)] = r = rebuild(v)
       return r
     vd = vec(v.dtype, n)
-    if isinstance(v, Load):
-      if v.dtype is not dt.float32 and _int_lanes(v, u) and u not in v.valid.variables():
-        r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)
-      elif v.dtype is not dt.float32 and _int_lanes(v, u):
-        r = Vectorize(tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at), vd)
-      elif v.dtype is not dt.float32:
+    if isinstance(v, Load):   # (32-bit integer loads along u as float32 ones: _int_lanes; masked ones float32 only)
+      if v.dtype is not dt.float32 and not _int_lanes(v, u):
         r = tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
       elif _stride(v.idx, u) == 1 and u not in v.valid.variables():
         r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)
-      elif masked and _stride(v.idx, u) == 1 and (lr := _lane_range(v.valid, u)) is not None:
+      elif masked and v.dtype is dt.float32 and _stride(v.idx, u) == 1 and (lr := _lane_range(v.valid, u)) is not None:
         r = Load(v.buf, sym.substitute(v.idx, at[0]), lr[0], vd, lr[1])
       else:
         r = Vectorize(tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at), vd)

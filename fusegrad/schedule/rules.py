@@ -448,8 +448,7 @@ def nested_reduction_cuts(order: list[Node], is_cut) -> dict[int, tuple[Node, st
         # interpolation's two resampling products, fused: every output summed the whole 64x64 input, 248 ms; 4.3 now)
         wide = prod(n for d, (n, st) in enumerate(zip(x.shape, x.arg.strides)) if st == 0 and d not in r.arg[1])
         if x.shape == r.src[0].shape and wide > 1 and (y := _through_views(x.src[0])).op == "REDUCE" and \
-           not y.realized and not is_cut(y) and id(y) not in cuts and \
-           (red := prod(y.src[0].shape[a] for a in y.arg[1])) >= p.nested_min and red * red_r * wide >= p.serial_ok:
+           not y.realized and not is_cut(y) and id(y) not in cuts and big(y, red_r * wide, p):
           cuts[id(y)] = (y, reason("nested_reduction", "a reduction broadcast along another's outputs, recomputed for "
                                                        "each"))
         continue

@@ -94,20 +94,21 @@ def _register_count(k: Kernel) -> int:
   return max(per)
 
 
-def _split(k: Kernel, i: int, n: int, inner_kind: AxisKind) -> Kernel:
-  """Axis i (size s) becomes outer (s // n, its kind) and inner (n, inner_kind) right after it: v = outer*n + inner.
-  With n == s the axis is re-kinded in place."""
+def _split(k: Kernel, i: int, n: int, inner_kind: AxisKind, outer_kind: AxisKind | None = None,
+           names: str = "oi") -> Kernel:
+  """Axis i (size s) becomes outer (s // n, outer_kind: its own by default) and inner (n, inner_kind) right after it:
+  v = outer*n + inner, the new variables named v's name and `names`. With n == s the axis is re-kinded in place."""
   a = k.axes[i]
   if n == a.size: return replace(k, axes=k.axes[:i] + (Axis(a.var, inner_kind, a.end),) + k.axes[i + 1:])
   v = a.var
   taken = {x.var.name for x in k.axes}
   name = v.name
-  while name + "o" in taken or name + "i" in taken: name += "_"
-  vo, vi = sym.Var(name + "o", 0, a.size // n - 1), sym.Var(name + "i", 0, n - 1)
+  while name + names[0] in taken or name + names[1] in taken: name += "_"
+  vo, vi = sym.Var(name + names[0], 0, a.size // n - 1), sym.Var(name + names[1], 0, n - 1)
   # a runtime end (ir.Axis.end) bounds the outer part: the blocks that hold an index below it (the inner part stays
   # whole; the guards on the axis's variable keep the indices past the end computing nothing)
   end = None if a.end is None else sym.div(a.end + (n - 1), n)
-  axes = k.axes[:i] + (Axis(vo, a.kind, end), Axis(vi, inner_kind)) + k.axes[i + 1:]
+  axes = k.axes[:i] + (Axis(vo, outer_kind or a.kind, end), Axis(vi, inner_kind)) + k.axes[i + 1:]
   return substitute_kernel(k, {v: sym.lin(vo) * n + vi}, {v: (vo, vi)}, axes)
 
 
@@ -119,15 +120,8 @@ def _pieces(k, opt, a, caps):
   _need(a.kind in (K.GLOBAL, K.LOOP), opt, k, f"only a global or loop axis is cut into pieces, this one is {a.kind.value}")
   _need(a.end is None, opt, k, f"the axis {a} has a size known at run time only")
   _check_split(k, opt, a)
-  i, v = opt.axis, a.var
-  if opt.arg == a.size: return replace(k, axes=k.axes[:i] + (Axis(v, K.UNROLL),) + k.axes[i + 1:])
-  n = a.size // opt.arg
-  taken = {x.var.name for x in k.axes}
-  name = v.name
-  while name + "c" in taken or name + "i" in taken: name += "_"
-  vc, vi = sym.Var(name + "c", 0, opt.arg - 1), sym.Var(name + "i", 0, n - 1)
-  axes = k.axes[:i] + (Axis(vc, K.UNROLL), Axis(vi, a.kind)) + k.axes[i + 1:]
-  return substitute_kernel(k, {v: sym.lin(vc) * n + vi}, {v: (vc, vi)}, axes)
+  if opt.arg == a.size: return replace(k, axes=k.axes[:opt.axis] + (Axis(a.var, K.UNROLL),) + k.axes[opt.axis + 1:])
+  return _split(k, opt.axis, a.size // opt.arg, a.kind, K.UNROLL, "ci")
 
 
 def _check_split(k: Kernel, opt: Opt, a: Axis) -> None:
