@@ -155,6 +155,20 @@ def test_big_sum_is_two_kernels_small_sum_one(rng, fresh_caches):
   assert np.isclose(got, y.astype(np.float64).sum(), rtol=1e-6)
 
 
+def test_a_view_of_a_realized_reduction_beside_a_split(rng, fresh_caches):
+  """A graph with a reduction to split (the rewrite then walks every node) that reads a reduction realized earlier
+  through a view and a copy: the walk for a chunked contraction's views stops at the realized node (which keeps its
+  op, not its sources). It ran into it: an IndexError in rules.chunks (a ResNet-18's gradients read one by one)."""
+  a = rng.standard_normal((64, 256)).astype(np.float32)
+  b = rng.standard_normal((256, 48)).astype(np.float32)
+  c = rng.standard_normal(1 << 20).astype(np.float32)
+  p = (fg.Tensor(a)[:, :, None] * fg.Tensor(b)[None]).sum(1, keepdim=True)
+  p.realize()
+  y = p.reshape(64, 48).t().contiguous() * 2 + fg.Tensor(c).sum()
+  want = (a.astype(np.float64) @ b).T * 2 + c.astype(np.float64).sum()
+  np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
 def test_split_half_sum_accumulates_in_float32(rng, dtype, fresh_caches):
   # 16-bit partial results would lose much of the sum (about 1640, where float16's spacing is 1 and bfloat16's 8):

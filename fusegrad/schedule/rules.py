@@ -236,8 +236,10 @@ def rewrite_reductions(roots: list[Node]) -> tuple[list[Node], dict[int, Node], 
       if m.op == "REDUCE" and (lay := layout_operand(m)) is not None:
         m, copy, why = relayout(m, *lay)
         cuts[id(copy)] = reason("operand_layout", why)
-      chain, r = [], m   # (the relaid product below its reshape, and the crop of a padded one)
-      while r.op in ("VIEW", "CONTIGUOUS") and len(r.src) == 1 and r.src[0].op in ("VIEW", "CONTIGUOUS", "REDUCE"):
+      chain, r = [], m   # (the relaid product below its reshape, and the crop of a padded one; not into what is
+      # realized already: a computed buffer keeps its op, not its sources)
+      while r.op in ("VIEW", "CONTIGUOUS") and len(r.src) == 1 and not r.src[0].realized and \
+          r.src[0].op in ("VIEW", "CONTIGUOUS", "REDUCE"):
         chain.append(r)
         r = r.src[0]
       if r.op == "REDUCE" and (parts := chunks(r, params(r.device))):
