@@ -327,8 +327,13 @@ def _unfold_flat_rule(arg, inputs, out, g):
   # w[b, p, k(, c)] = x[b, (p + off(k)) * inner (+ c)]: dx is the sum over kernel offsets of g[:, :, k] shifted to its
   # offset
   import itertools
+  from fusegrad.tensor import embed_positions
   kernel, steps, length, inner = arg
   B, M = inputs[0].shape
+  if not isinstance(length, int):   # positions as dims: g back over the flat positions they read (0 between)
+    pos = length
+    length = sum((n - 1) * s for n, s in pos) + 1
+    g = embed_positions(g, 1, pos, length)
   total = None
   for k in itertools.product(*[range(n) for n in kernel]):
     off = sum(i * s for i, s in zip(k, steps)) * inner

@@ -1473,22 +1473,50 @@ def _unfold(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple) -> Tensor:
   return x._prim("UNFOLD", (tuple(kernel), tuple(stride), tuple(dilation)), node)
 
 
-def _unfold_flat(x: Tensor, kernel: tuple, steps: tuple, length: int, inner: int = 1) -> Tensor:
+def _unfold_flat(x: Tensor, kernel: tuple, steps: tuple, length, inner: int = 1) -> Tensor:
   """Windows along a flat last dim at fixed offsets (a view, no copy): x[B, L] -> w[B, length, *kernel] with
   w[b, p, k] = x[b, p + sum(k_i * steps_i)]. A stride-1 convolution over rows flattened whole reads its input so
   (nn/functional._conv_rows): the output position p is one stride-1 index, whatever the number of spatial dims.
-  With inner > 1 each position holds `inner` consecutive values (channels last): x[B, L * inner] ->
-  w[B, length, *kernel, inner], w[b, p, k, c] = x[b, (p + sum(k_i * steps_i)) * inner + c]."""
+  `length` may instead be the positions as dims, ((n_0, s_0), ..., (n_m, 1)): w[b, o_0, .., o_m, k] = x[b, sum(o_i *
+  s_i) + sum(k_i * steps_i)] (a convolution's output rows and columns, the padded row's columns past the output's
+  left out; `embed_positions` is the inverse of that layout). With inner > 1 each position holds `inner` consecutive
+  values (channels last): x[B, L * inner] -> w[B, length, *kernel, inner], w[b, p, k, c] = x[b, (p + sum(k_i *
+  steps_i)) * inner + c]."""
   from fusegrad.graph.view import View
   B, M = x.shape
   L = M // inner
-  if length + builtins.sum((k - 1) * s for k, s in zip(kernel, steps)) > L or M % inner:
-    raise RuntimeError(f"internal error: windows of {length} positions at offsets up to "
+  pos = ((length, 1),) if isinstance(length, int) else tuple(length)
+  reach = builtins.sum((n - 1) * s for n, s in pos) + 1 + builtins.sum((k - 1) * s for k, s in zip(kernel, steps))
+  if reach > L or M % inner:
+    raise RuntimeError(f"internal error: windows of positions {pos} at offsets up to "
                        f"{builtins.sum((k - 1) * s for k, s in zip(kernel, steps))} overrun a row of {L} x {inner}")
   lanes = (inner,) if inner > 1 else ()
-  v = View((B, length, *kernel, *lanes), (M, inner, *(s * inner for s in steps), *((1,) if lanes else ())), 0, None)
+  v = View((B, *(n for n, _ in pos), *kernel, *lanes),
+           (M, *(s * inner for _, s in pos), *(s * inner for s in steps), *((1,) if lanes else ())), 0, None)
   node = gn.make("VIEW", x.dtype, (x.node,), v, v.shape, x.device)
-  return x._prim("UNFOLD_FLAT", (tuple(kernel), tuple(steps), length, inner), node)
+  return x._prim("UNFOLD_FLAT", (tuple(kernel), tuple(steps), length if isinstance(length, int) else pos, inner), node)
+
+
+def embed_positions(t: Tensor, dim: int, positions: tuple, length: int) -> Tensor:
+  """t with its dims dim .. dim + m (sizes n_i, the positions of _unfold_flat: ((n_0, s_0), .., (n_m, 1)), each
+  stride a multiple of the next, at least its size times it) replaced by one flat dim of `length`: position sum(o_i *
+  s_i) holds t's element, every other position 0. A gradient over such positions, back in the flat layout."""
+  m = len(positions)
+  for i in range(m - 1, 0, -1):   # each inner dim padded to its outer dim's stride, then all of them merged
+    n, s = positions[i]
+    if positions[i - 1][1] % s or positions[i - 1][1] // s < n:
+      raise RuntimeError(f"internal error: positions {positions} are no padded layout")
+    widths = [(0, 0)] * t.ndim
+    widths[dim + i] = (0, positions[i - 1][1] // s - n)
+    t = t.pad(tuple(x for w in reversed(widths) for x in w))
+  if positions[-1][1] != 1: raise RuntimeError(f"internal error: positions {positions} do not end at stride 1")
+  t = t.reshape(*t.shape[:dim], -1, *t.shape[dim + m:])
+  flat = t.shape[dim]
+  if flat == length: return t
+  if flat > length: return t.narrow(dim, 0, length)
+  widths = [(0, 0)] * t.ndim
+  widths[dim] = (0, length - flat)
+  return t.pad(tuple(x for w in reversed(widths) for x in w))
 
 
 def _check_device_dtype(device: str, d: DType) -> None:

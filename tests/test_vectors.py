@@ -145,6 +145,30 @@ def test_strided_and_padded_loads_and_strided_stores(dev, rng):
   np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_a_padded_map_is_masked_vectors(rng):
+  """A map padded on both sides (a 3x3 convolution's input, [2, 4, 10, 56] -> [.., 12, 58]): the heuristic keeps its
+  columns in vectors (no PIECES of one column each at the pad's bounds) and pads them to whole native vectors; each
+  vector's load is masked to the lanes that hold both the pad's range and the padded axis's (`1 <= w < 57` and
+  `w < 58`, offsets of one index: passes._lane_range intersects them), not loaded lane by lane. Values exact against
+  numpy, on the CPU and through the interpreter."""
+  caps = rd.get("CPU").caps
+  if not caps.masked_vectors: pytest.skip("the CPU renderer has no masked vectors")
+  a = rng.standard_normal((2, 4, 10, 56)).astype(np.float32)
+  a[0, 0, 0, :3] = -0.0
+  p = fg.nn.functional.pad(fg.Tensor(a), (1, 1, 1, 1)) * 2
+  item = one_kernel(p)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert not any(o.op is OptOp.PIECES for o in opts), opts
+  c = rd.get("CPU").compile_with(item.kernel, tuple(opts))
+  body = c.source[c.source.rindex(f"void {c.kernel.name}("):]
+  assert "fg_vloadm" in body and not re.search(r"\?b1\[", body), body
+  want = np.pad(a, ((0, 0), (0, 0), (1, 1), (1, 1))) * 2
+  for dev in ("CPU", "PYTHON"):
+    got = run(item, tuple(opts), dev)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+    assert np.array_equal(np.signbit(got.reshape(want.shape)), np.signbit(want))
+
+
 @pytest.mark.parametrize("dev", DEVICES)
 def test_other_dtypes_stay_scalar(dev, rng):
   x = fg.Tensor(rng.integers(-50, 50, (4, 64)).astype(np.int32), device=dev)

@@ -342,14 +342,20 @@ def _stride(idx: sym.Lin, u: sym.Var) -> int | None:
 
 
 def _lane_range(valid: sym.Cond, u: sym.Var) -> tuple | None:
-  """(the parts of valid that do not depend on u, (lo, hi)) where the parts that do are one range over u plus a
-  term without it (lo <= x + u < hi: a padded axis's guard, x its vector's first index): the lanes lo - x <= u <
-  hi - x hold it. None otherwise."""
+  """(the parts of valid that do not depend on u, (lo, hi)) where the parts that do are ranges over u plus one term
+  without it, up to constants (lo <= x + u < hi: a padded axis's guard, x its vector's first index; with a padded
+  window's `1 <= x + u < 57` beside it, their intersection): the lanes lo - x <= u < hi - x hold them. None
+  otherwise."""
   mine = [p for p in valid.parts if u in sym.variables(p[0])]
-  if len(mine) != 1 or _stride(mine[0][0], u) != 1: return None
-  x, lo, hi = mine[0]
-  rest = sym.lin(x) - sym.lin(u)
-  return sym.Cond(tuple(p for p in valid.parts if p is not mine[0])), (sym.lin(lo) - rest, sym.lin(hi) - rest)
+  if not mine or any(_stride(p[0], u) != 1 for p in mine): return None
+  rest = sym.lin(mine[0][0]) - sym.lin(u)
+  lo, hi = None, None
+  for x, plo, phi in mine:
+    d = sym.lin(sym.lin(x) - sym.lin(u) - rest)   # this part's term beyond the first's: a constant, or no range
+    if d.terms: return None
+    lo = plo - d.const if lo is None else max(lo, plo - d.const)
+    hi = phi - d.const if hi is None else min(hi, phi - d.const)
+  return sym.Cond(tuple(p for p in valid.parts if p not in mine)), (sym.lin(lo) - rest, sym.lin(hi) - rest)
 
 
 def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool = False) -> list:
