@@ -2056,7 +2056,10 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
   out, start = None, 0
   for t in tensors:
     pad = [0, 0] * (ref.ndim - d - 1) + [start, total - start - t.shape[d]]
-    p = t._cast(out_d).pad(tuple(pad))
+    t = t._cast(out_d)
+    # the parts padded and added up. A float part is padded with -0.0 (negated, padded with 0, negated back): x +
+    # -0.0 is x for every x, where a padding of +0.0 turned another part's -0.0 into +0.0 (PyTorch's cat keeps it)
+    p = -(-t).pad(tuple(pad)) if out_d.is_float and len(tensors) > 1 else t.pad(tuple(pad))
     out = p if out is None else (out | p if out_d.is_bool else out + p)
     start += t.shape[d]
   return out

@@ -336,7 +336,7 @@ def _leaf(rng, *shape):
   return fg.tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=True).realize()
 
 
-@pytest.mark.parametrize("reduction,bwd", [("mean", 2), ("sum", 1)])
+@pytest.mark.parametrize("reduction,bwd", [("mean", 1), ("sum", 1)])
 def test_cross_entropy_kernel_counts(reduction, bwd, rng):
   x = _leaf(rng, 64, 10)
   t = fg.tensor(rng.integers(0, 10, size=64)).realize()
@@ -348,7 +348,7 @@ def test_cross_entropy_kernel_counts(reduction, bwd, rng):
   want = TF.cross_entropy(torch.tensor(x.numpy(), requires_grad=True), torch.tensor(t.numpy()), reduction=reduction)
   np.testing.assert_allclose(loss.item(), want.item(), rtol=1e-5)
   assert len(fk.kernels) == 1       # log_softmax, the one-hot pick and the reduction: one kernel
-  assert len(bk.kernels) == bwd     # mean: the count of valid targets, then softmax - onehot per row
+  assert len(bk.kernels) == bwd     # softmax - onehot per row (mean: over the count of valid targets, summed beside)
 
 
 @pytest.mark.parametrize("mask", [None, "bool", "float", "causal"])

@@ -1218,6 +1218,24 @@ def test_big_2d(device, rng):
   check(x @ w, tx @ tw, atol=l1_atol(lambda a, b: a @ b, tx, tw))
 
 
+@pytest.mark.parametrize("sizes", [(1, 129), (18, 14), (40, 24, 3)])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cat_keeps_signed_zeros(device, rng, sizes, dtype):
+  """cat keeps a part's -0.0 (as PyTorch's does) however its kernel is cut: parts whose bounds cut the row into at most
+  64 pieces (each piece computes its own part) and parts that do not (1 and 129: the parts added up, each padded with
+  -0.0, which adds nothing). Both operands of a float x + 0 and x - 0 keep IEEE's signs: -0.0 + 0 is +0.0."""
+  xs = [data(rng, (3, 4, n), dtype, -3.0, 3.0) for n in sizes]
+  for x in xs: x[0, 1, :2] = -0.0
+  out = fg.cat([fg.tensor(x, dtype=dtype, device=device) for x in xs], -1)
+  assert out.dtype.name == dtype
+  out, want = out.numpy().astype(np.float64), np.concatenate(xs, -1)
+  np.testing.assert_array_equal(out, want)
+  assert np.array_equal(np.signbit(out), np.signbit(want))
+  z, tz = both(np.array([-0.0, 0.0, 1.5], dtype=np.float32), "float32", device)
+  for f in (lambda t: t + 0, lambda t: t - 0, lambda t: t + (-0.0), lambda t: t - (-0.0)):
+    assert np.array_equal(np.signbit(f(z).numpy()), np.signbit(f(tz).numpy()))
+
+
 @pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
 @pytest.mark.parametrize("pad", [(2, 1), (0, 3, 1, 1), (1, 2, 0, 2, 1, 0)])
 def test_pad_modes(device, rng, mode, pad):

@@ -219,6 +219,25 @@ class _Builder:
     self.ends[v] = sym.ArgVar(f"p{slot}", size.var.lo, size.var.hi, slot)
     return v
 
+  def _below_negations(self, src: Node) -> Node:
+    """The node a cut of src stores: below a negation (free; a concatenation's part is negated twice to be padded
+    with -0.0, tensor.cat) and the views that read each element once around it, so the value stored is the one its
+    other readers share (an LSTM step's h, unsqueezed and stacked: not a copy of it)."""
+    x = src
+    while not self._is_leaf(x) and x.op in ("NEG", "VIEW") and not self._is_leaf(x.src[0]):
+      if x.op == "VIEW" and (x.arg.mask is not None or x.numel != x.src[0].numel or
+                             any(st == 0 and n > 1 for st, n in zip(x.arg.strides, x.arg.shape))): break
+      x = x.src[0]
+    return x if x is not src and any(y.op == "NEG" for y in self._chain(src, x)) else src
+
+  @staticmethod
+  def _chain(top: Node, bottom: Node) -> list:
+    out = []
+    while top is not bottom:
+      out.append(top)
+      top = top.src[0]
+    return out
+
   def ev(self, n: Node, idx: tuple, gate: sym.Cond):
     key = (id(n), idx, gate)
     v = self.memo.get(key)
@@ -275,11 +294,11 @@ class _Builder:
         return self._leaf(src, flat, gate & valid)
       if not valid.is_true and self.on_pad is not None:
         why = self.on_pad(src, self._is_leaf)
-        if why: raise NeedsRealize(src, why)
+        if why: raise NeedsRealize(self._below_negations(src), why)
       if any(st == 0 and s > 1 for st, s in zip(n.arg.strides, n.arg.shape)) and src not in self.expanded:
         self.expanded.append(src)
         why = self.on_expand(src, self._is_leaf) if self.on_expand is not None else None
-        if why: raise NeedsRealize(src, why)
+        if why: raise NeedsRealize(self._below_negations(src), why)
       inner = self.ev(src, (dims.tags(src.shape) and _per_dim(n.arg, src.shape, idx)) or
                       (not dims.tags(src.shape) and _aligned(n.arg, src.shape, idx)) or sym.unravel(flat, src.shape),
                       gate & valid)
@@ -312,7 +331,8 @@ class _Builder:
 
 def _alu_count(n: Node, is_leaf, limit: int, cost: dict | None = None, masked: int = 0) -> int:
   """ALU ops computing n inside a kernel (up to leaves and reductions), counting no further than limit;
-  `cost` weighs some ops more than one, and a read through padding (a view with a mask) counts `masked`."""
+  `cost` weighs some ops more than one, and a read through padding (a view with a mask) counts `masked`. A negation
+  counts nothing (a sign flip; tensor.cat negates each part twice to pad it with -0.0)."""
   seen, stack, count = set(), [n], 0
   while stack and count <= limit:
     x = stack.pop()
@@ -320,7 +340,7 @@ def _alu_count(n: Node, is_leaf, limit: int, cost: dict | None = None, masked: i
     seen.add(id(x))
     # widening a 16-bit float to float32 is free: its load already gives float32
     widen = x.op == "CAST" and x.dtype == dt.float32 and x.src[0].dtype in (dt.float16, dt.bfloat16)
-    if x.op not in ("VIEW", "CONTIGUOUS") and not widen: count += cost.get(x.op, 1) if cost else 1
+    if x.op not in ("VIEW", "CONTIGUOUS", "NEG") and not widen: count += cost.get(x.op, 1) if cost else 1
     elif masked and x.op == "VIEW" and x.arg.mask is not None: count += masked
     stack.extend(x.src)
   return count

@@ -91,6 +91,10 @@ def _expand(k: Kernel, caps=None, only: set | None = None) -> Kernel:
       if not c.value and isinstance(r, Const) and r.value == 0 and v.dtype.is_float:   # a padded value's 0
         r = Const(0, v.dtype)
         absent.add(id(r))
+    elif isinstance(v, Alu) and v.op == "NEG" and id(at(v.src[0], env)) in absent:
+      # a concatenation's padding of -0.0 (tensor.cat: -pad(-part)): absent too, -0.0 wherever else it is read
+      r = Const(-0.0, v.dtype)
+      absent.add(id(r))
     elif isinstance(v, Alu) and v.op == "ADD" and _any_absent(srcs := [at(c, env) for c in v.src], absent):
       # a concatenation's part the copy rules out (a padded value's 0, added to the parts beside it) adds nothing: the
       # other part as it is (a -0.0 stays -0.0, as PyTorch's cat keeps it)

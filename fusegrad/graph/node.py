@@ -209,7 +209,9 @@ def alu(op: str, *src: Node) -> Node:
       v = info.ref(*vals)
     return const(v.item(), d, src[0].shape, src[0].device)
   s0 = src[0]
-  if op in ("ADD", "SUB") and is_const(src[1]) and src[1].arg == 0 and not d.is_bool: return s0
+  # x + 0 is x only for -0.0 where floats have signed zeros (-0.0 + 0.0 = +0.0), x - 0 only for +0.0
+  if op in ("ADD", "SUB") and is_const(src[1]) and src[1].arg == 0 and not d.is_bool and \
+     (not d.is_float or (math.copysign(1.0, src[1].arg) < 0) == (op == "ADD")): return s0
   if op == "MUL" and is_const(src[1]) and src[1].arg == 1: return s0
   if op == "DIV" and is_const(src[1]) and src[1].arg == 1: return s0
   if op == "WHERE" and is_const(s0): return src[1] if s0.arg else src[2]
