@@ -436,7 +436,9 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       opts += list(kv.opts[len(k.opts):])
       k = kv
       t = _transposing_read(k, w)
-      if t is not None: do(OptOp.LOOP, t[0].var, _pow2_divisor(t[0].size, t[1]))
+      if t is not None:   # the most indices up to the wanted count that divide the axis (49 panels of 16: 7)
+        n = max(d for d in range(1, t[1] + 1) if t[0].size % d == 0)
+        if n > 1: do(OptOp.LOOP, t[0].var, n)
     else:
       # no vector values (a transcendental function, a gather, a copy into windows): the innermost axes as loops in
       # each work item, nested, until they hold INNER_LOOP_MIN indices (a plain stride-1 loop the C compiler
