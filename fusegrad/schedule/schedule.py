@@ -444,8 +444,11 @@ def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> l
           if (n.op in ops.ALU or n.op == "CAST") and \
              not any(u is not None and u.op == "REDUCE" for u in consumers.get(x, ())) and \
              _alu_count(n, is_boundary, share_ops, _OP_COST) > share_ops:
-            why[x] = rules.reason("shared_value", f"a long elementwise value {len(member_of[x])} kernels would compute")
-            cut.add(x); new.append(n)
+            e = _chain_end(n, consumers, cut)
+            if id(e) in cut: continue   # (its chain ends at a stored value, cut this round: no longer shared)
+            why[id(e)] = rules.reason("shared_value", f"a long elementwise value {len(member_of[x])} kernels would "
+                                      "compute" + ("" if e is n else " (stored where its only use chain ends)"))
+            cut.add(id(e)); new.append(e)
           continue
         e, terms = _accumulation_end(_epilogue_end(n, consumers, cut), consumers, cut)
         covered |= {id(t) for t in terms}
@@ -522,6 +525,20 @@ def _epilogue_end(r: Node, consumers: dict, cut: set) -> Node:
     exits = [n for n in region.values() if any(u is None or id(u) not in region for u in consumers.get(id(n), ()))]
     if len(exits) == 1 and exits[0] is nxt: end = nxt
   return end
+
+
+def _chain_end(n: Node, consumers: dict, cut: set) -> Node:
+  """Where to store an elementwise value n that several kernels would compute: where every use of it goes through
+  one pointwise consumer after another, the last of them. A sum accumulated term by term (a [35, 20, 800] gradient
+  added up from the steps' slices, s_k = s_(k-1) + pad(g_k)), read at its end by 4 kernels, was stored every few
+  terms, each partial sum a full-size output (15 of them: 2.1 ms a call); at its end it is one output, each term
+  read once. A value with uses of its own (a recurrence's c_t, read by its step's kernel and the next) stays where
+  it is. A chain that reaches a stored value ends there (the caller then cuts nothing).""" 
+  while True:
+    us = consumers.get(id(n), ())
+    if len(us) != 1 or us[0] is None or not _pointwise(us[0], n): return n
+    n = us[0]
+    if id(n) in cut: return n
 
 
 def _accumulation_end(e: Node, consumers: dict, cut: set) -> tuple[Node, list]:
