@@ -533,7 +533,7 @@ def _chain_end(n: Node, consumers: dict, cut: set) -> Node:
   added up from the steps' slices, s_k = s_(k-1) + pad(g_k)), read at its end by 4 kernels, was stored every few
   terms, each partial sum a full-size output (15 of them: 2.1 ms a call); at its end it is one output, each term
   read once. A value with uses of its own (a recurrence's c_t, read by its step's kernel and the next) stays where
-  it is. A chain that reaches a stored value ends there (the caller then cuts nothing).""" 
+  it is. A chain that reaches a stored value ends there (the caller then cuts nothing)."""
   while True:
     us = consumers.get(id(n), ())
     if len(us) != 1 or us[0] is None or not _pointwise(us[0], n): return n
