@@ -354,6 +354,38 @@ def test_non_finite_gradients_reach_their_own_positions(device, rng, bad):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("case", ["duplicates", "2d_indices", "float16", "one_index", "non_finite"])
+def test_embedding_gradient_summed_by_sorting(device, rng, case, monkeypatch):
+  """An embedding's gradient over a big vocabulary sums g's rows by sorting the indices (autograd.
+  _rows_summed_by_sort: a stable rank, a segmented scan, a binary search per row) instead of the one-hot reduction
+  (rows x indices x row size). Forced here on small tables: the same values as torch's scatter-add, repeated
+  indices summed, a row no index names 0, an inf/NaN only in its own row, a float16 table's gradient float16; its
+  kernels do a fraction of the one-hot's multiply-adds."""
+  from fusegrad import autograd as ag
+  monkeypatch.setattr(ag, "SORTED_SCATTER_MIN", 0)
+  V, D, M = {"one_index": (1, 3, 1)}.get(case, (613, 24, 40))
+  w0 = rng.standard_normal((V, D)).astype(np.float32)
+  shape = (5, 8) if case == "2d_indices" else (M,)
+  idx = rng.integers(0, V, shape)
+  if case == "duplicates": idx[:12] = idx[0]; idx[20:25] = V - 1
+  g = rng.standard_normal(shape + (D,)).astype(np.float32)
+  if case == "non_finite": g[3, 5], g[7, 2] = np.inf, np.nan
+  dtype = "float16" if case == "float16" else "float32"
+  w = fg.tensor(w0, dtype=dtype, device=device, requires_grad=True)
+  with fg.track() as t:
+    fg.nn.functional.embedding(fg.tensor(idx, device=device), w).backward(fg.tensor(g, dtype=dtype, device=device))
+    got = w.grad.numpy()
+  tw = torch.tensor(w0).to(getattr(torch, dtype)).requires_grad_()
+  torch.nn.functional.embedding(torch.tensor(idx), tw).backward(torch.tensor(g).to(getattr(torch, dtype)))
+  want = tw.grad.float().numpy()
+  assert w.grad.dtype.name == dtype and got.shape == want.shape
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+  tol = 2e-3 if dtype == "float16" else 1e-5
+  np.testing.assert_allclose(got.astype(np.float32), want, rtol=tol, atol=tol)
+  if V > 1:
+    assert sum(k.flops for k in t.kernels) < V * idx.size * D, [(k.name, k.flops) for k in t.kernels]
+
+
 def test_sgd_steps_under_no_grad(device, rng):
   """a training loop: in-place updates of leaves under no_grad keep them leaves that require grad"""
   (w, tw), xb = pair(rng, device, (4, 3)), draw(rng, (5, 4))
