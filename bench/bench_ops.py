@@ -108,6 +108,17 @@ def th_conv_train(x, w, g):
   return torch.cat([x.grad.flatten(), w.grad.flatten()])
 
 
+def fg_embed_train(w, idx, g):
+  """the gradient of sum(embedding(idx, w) * g) for w: a language model's token table"""
+  w = w.detach().requires_grad_()
+  (fg.nn.functional.embedding(idx, w) * g).sum().backward()
+  return w.grad
+def th_embed_train(w, idx, g):
+  w = w.detach().requires_grad_()
+  (torch.nn.functional.embedding(idx, w) * g).sum().backward()
+  return w.grad
+
+
 # the cases --compile also times under torch.compile (a matmul or convolution compiles to the same library call)
 COMPILED = ("relu", "softmax", "layernorm", "sum")
 
@@ -138,6 +149,9 @@ def cases(quick: bool):
   if torch is not None:
     out.append((f"conv2d 3x3 {c}->{c}, {hw}x{hw}, batch {b}, forward+backward", (fg_conv_train, None, th_conv_train),
                 (r(b, c, hw, hw), r(c, c, 3, 3) / 24, r(b, c, hw, hw)), dict(rtol=1e-3, atol=1e-2)))
+    V, T, D = (5000, 256, 64) if quick else (50257, 2048, 768)   # GPT-2's vocabulary and width
+    out.append((f"embedding {V}x{D} over {T} tokens, backward", (fg_embed_train, None, th_embed_train),
+                (r(V, D), rng.integers(0, V, T), r(T, D)), dict(rtol=1e-4, atol=1e-4)))
   return out
 
 

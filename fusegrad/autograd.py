@@ -250,9 +250,11 @@ def _matmul_rule(arg, inputs, out, g):
 
 
 # an embedding's gradient is summed by sorting its indices (_rows_summed_by_sort) where the one-hot reduction's work
-# (rows x indices x row size) is at least this (2-core Xeon: a GPT-2 vocabulary's, 50257 x 2048 x 768, 1853 -> 26
-# ms, torch 46; a word LM's, 2000 x 700 x 200, stays one-hot: 3.3 ms there, 5-11 sorted, its ~30 small kernels)...
-SORTED_SCATTER_MIN = 1 << 30
+# (rows x indices x row size) is at least this. A call's backward on a 2-core Xeon, one-hot -> sorted: 5000 x 256 x 64
+# 0.92 -> 2.37 ms (one-hot kept: ~30 small kernels cost more); a word LM's 2000 x 700 x 200 3.75 -> 1.47 ms;
+# 1000 x 2048 x 256 8.2 -> 3.4 ms; GPT-2's vocabulary 50257 x 512 x 768 372 -> 19 ms, x 2048 tokens 1853 -> 26 ms
+# (torch 46)...
+SORTED_SCATTER_MIN = 1 << 27
 # ...and this many times the sort's (indices^2 comparisons, twice)
 SORTED_SCATTER_SHARE = 8
 
