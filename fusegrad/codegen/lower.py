@@ -223,20 +223,13 @@ class _Builder:
     """The node a cut of src stores: below a negation (free; a concatenation's part is negated twice to be padded
     with -0.0, tensor.cat) and the views that read each element once around it, so the value stored is the one its
     other readers share (an LSTM step's h, unsqueezed and stacked: not a copy of it)."""
-    x = src
+    x, negated = src, False
     while not self._is_leaf(x) and x.op in ("NEG", "VIEW") and not self._is_leaf(x.src[0]):
       if x.op == "VIEW" and (x.arg.mask is not None or x.numel != x.src[0].numel or
                              any(st == 0 and n > 1 for st, n in zip(x.arg.strides, x.arg.shape))): break
+      negated |= x.op == "NEG"
       x = x.src[0]
-    return x if x is not src and any(y.op == "NEG" for y in self._chain(src, x)) else src
-
-  @staticmethod
-  def _chain(top: Node, bottom: Node) -> list:
-    out = []
-    while top is not bottom:
-      out.append(top)
-      top = top.src[0]
-    return out
+    return x if negated else src
 
   def ev(self, n: Node, idx: tuple, gate: sym.Cond):
     key = (id(n), idx, gate)

@@ -676,35 +676,27 @@ def _pieces(k: Kernel, caps: Caps) -> Kernel:
   convolution's padded [8, 64, 58, 58] input: 1.1 -> 0.45 ms). A concatenation is cut however short its pieces (each
   piece computes its own part's terms only)."""
   a = k.of_kind(K.GLOBAL)[-1]
-  cuts = _cut_points(k, a.var)
+  ranges = _ranges_on(k, a.var)
+  cuts = {b for r in ranges or () for b in r if 0 < b < a.size}
   if not cuts or a.size // math.gcd(a.size, *cuts) > MAX_PIECES: return k
-  if math.gcd(a.size, *cuts) < caps.native_lanes and len(_ranges_on(k, a.var)) == 1: return k
+  if math.gcd(a.size, *cuts) < caps.native_lanes and len(ranges) == 1: return k
   try:
     return apply_opt(k, Opt(OptOp.PIECES, k.axis_index(a.var), a.size // math.gcd(a.size, *cuts)), caps)
   except OptError:
     return k
 
 
-def _cut_points(k: Kernel, var) -> set | None:
-  """The indices inside axis var where k's conditions on it cut it (a concatenation's parts' bounds), or None where
-  some condition reads var with anything else (a padded window: `1 <= h + kh < 57`)."""
-  bounds, size = set(), var.hi + 1
+def _ranges_on(k: Kernel, var) -> set | None:
+  """The distinct ranges over var that k's conditions hold (`lo <= var + c < hi` as (lo - c, hi - c): a concatenation's
+  parts, a padding's one), or None where some condition reads var with anything else (a padded window: `1 <= h + kh
+  < 57`)."""
+  out = set()
   for cond in _conditions(k):
     for x, lo, hi in cond.parts:
       x = sym.lin(x)
       if var not in sym.variables(x): continue
       if x.terms != ((var, 1),): return None
-      bounds |= {lo - x.const, hi - x.const}
-  return {b for b in bounds if 0 < b < size}
-
-
-def _ranges_on(k: Kernel, var) -> set:
-  """The distinct ranges over var (as `lo <= var + c < hi`: (lo - c, hi - c)) that k's conditions hold."""
-  out = set()
-  for cond in _conditions(k):
-    for x, lo, hi in cond.parts:
-      x = sym.lin(x)
-      if x.terms == ((var, 1),): out.add((lo - x.const, hi - x.const))
+      out.add((lo - x.const, hi - x.const))
   return out
 
 
