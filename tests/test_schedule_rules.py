@@ -399,6 +399,31 @@ def test_large_matmul_reads_panels_on_vector_tile_devices(rng, fresh_caches):
   np.testing.assert_allclose(py.numpy(), a @ b, rtol=1e-4, atol=1e-4)
 
 
+def test_row_operand_read_across_the_reduction_is_copied_first(rng, fresh_caches):
+  """a.T @ b with a stored [k, n] (a weight gradient `g.T @ x`): rows a page apart per step of the reduction are
+  copied with the reduction consecutive (logged as operand_layout) beside b's panels on the CPU; rows closer than a
+  page in a narrow product, and the interpreter's device, keep a as it is. Values and gradients against numpy."""
+  lanes = max(fg.runtime.device.get("CPU").caps.vector_widths)
+  a, b = randn(rng, 128, 1024), randn(rng, 128, 160)            # a.T's rows 4 KB apart
+  ta, tb = fg.Tensor(a, requires_grad=True), fg.Tensor(b, requires_grad=True)
+  out = ta.T @ tb
+  whys = _whys(out)
+  assert len(whys) == 3 and sum("row operand of a [1024x128] @ [128x160]" in wy for wy in whys) == 1 and \
+      sum(f"panels of {lanes} columns" in wy for wy in whys) == 1, whys
+  np.testing.assert_allclose(out.numpy(), a.T @ b, rtol=1e-4, atol=1e-3)
+  g = randn(rng, 1024, 160)
+  (out * fg.Tensor(g)).sum().backward()
+  np.testing.assert_allclose(ta.grad.numpy(), b @ g.T, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(tb.grad.numpy(), a @ g, rtol=1e-4, atol=1e-3)
+  near = realized(randn(rng, 128, 512)).T @ realized(randn(rng, 128, 256))   # 2 KB apart, 256 columns: kept
+  assert not any("row operand" in wy for wy in _whys(near))
+  wide = realized(randn(rng, 128, 256)).T @ realized(randn(rng, 128, 512))   # 1 KB apart, 512 columns: copied
+  assert any("row operand" in wy for wy in _whys(wide))
+  py = realized(a, "PYTHON").T @ realized(b, "PYTHON")
+  assert len(_whys(py)) == 1
+  np.testing.assert_allclose(py.numpy(), a.T @ b, rtol=1e-4, atol=1e-3)
+
+
 def test_panels_for_few_rows_padded_columns_and_long_contractions(rng, fresh_caches):
   """Panels from 16 rows (rules.PANEL_MIN_ROWS): `x @ w.T` for 32 rows packs w in panels (its transposed copy read
   rows a page apart per work item). Columns no multiple of the panel are padded to one (1004 as 1008: the product is
