@@ -215,6 +215,12 @@ def _reduce_rule(arg, inputs, out, g):
 def _gather_rule(arg, inputs, out, g):
   data, pos = inputs
   from fusegrad.tensor import arange
+  if arg is not None:   # Tensor.gather(d, index): a one-hot along d, index's size there x d's (cross_entropy's pick)
+    d, index = arg
+    n = data.shape[d]
+    cls = arange(n, device=data.device).reshape(*[n if k == d + 1 else 1 for k in range(data.ndim + 1)])
+    hit = index.unsqueeze(d + 1) == cls                                   # [.., J, n, ..]
+    return _where(hit, g.unsqueeze(d + 1), 0).sum(d), None
   n = data.numel()
   hit = pos.reshape(-1, 1) == arange(n, device=data.device).reshape(1, n)   # one-hot scatter-add
   # (a select, not a product with the one-hot mask: an inf or NaN of g reaches its own position only, as PyTorch's

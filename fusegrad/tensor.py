@@ -1181,7 +1181,10 @@ class Tensor:
                             lambda v: f"index {v} is out of bounds for dimension {d} with size {self.shape[d] if self.ndim else 1}")
     idx = [index if k == d else arange(index.shape[k], device=self.device).reshape(
            *[index.shape[k] if j == k else 1 for j in range(self.ndim)]) for k in range(self.ndim)]
-    return _advanced(self, list(enumerate(idx))) if self.ndim else self
+    # an index as large as the data but along dim: its gradient is a one-hot along that dim only (autograd
+    # _gather_rule), not over every element of the data for every element gathered
+    along = (d, index) if all(a == b for k, (a, b) in enumerate(zip(index.shape, self.shape)) if k != d) else None
+    return _advanced(self, list(enumerate(idx)), along) if self.ndim else self
   def index_select(self, dim: int, index: "Tensor") -> "Tensor":
     d = _norm_dim(dim, self.ndim)
     if not isinstance(index, Tensor) or index.ndim > 1:
@@ -1737,8 +1740,9 @@ def _region(x: Tensor, bounds, steps, final_dims, shape):
   return shape, place
 
 
-def _advanced(y: Tensor, adv: list) -> Tensor:
-  """Integer-tensor indices on dims of y (positions given): one gather kernel."""
+def _advanced(y: Tensor, adv: list, along=None) -> Tensor:
+  """Integer-tensor indices on dims of y (positions given): one gather kernel. `along` (dim, index): the gather
+  picks index's positions along one dim of y and keeps the others (Tensor.gather), kept for its gradient."""
   positions = [p for p, _ in adv]
   idx = [t.to(y.device) for _, t in adv]
   bshape = broadcast_shapes(*[t.shape for t in idx])
@@ -1786,7 +1790,7 @@ def _advanced(y: Tensor, adv: list) -> Tensor:
     flat = where(ok, flat, -1)
   flat = flat._broadcast_to(out_shape)
   data = y.contiguous()
-  return data._prim("GATHER", None, gn.gather(data.node, flat.node), data, flat)
+  return data._prim("GATHER", along, gn.gather(data.node, flat.node), data, flat)
 
 
 # ---- construction ---------------------------------------------------------------------------------------------

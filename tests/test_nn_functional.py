@@ -351,6 +351,37 @@ def test_cross_entropy_kernel_counts(reduction, bwd, rng):
   assert len(bk.kernels) == bwd     # softmax - onehot per row (mean: over the count of valid targets, summed beside)
 
 
+@pytest.mark.parametrize("extra", [(), (3,)])
+def test_cross_entropy_over_many_classes_gathers_its_targets(extra, rng):
+  """From FF.PICK_GATHER_MIN classes the targets' logits are gathered, not selected by a one-hot over every logit: the
+  forward reads the logits in its reductions and N of them besides, and the backward's gradient of the gather is a
+  one-hot along the classes only (it had been one over every logit for every target: seconds on [1024, 50257]).
+  Values and gradients against float64 torch, as close as float32 torch, with ignore_index, label smoothing, every
+  reduction and a class dim with a trailing dim beside it; kernel counts."""
+  C = FF.PICK_GATHER_MIN + 37
+  a = (rng.standard_normal((24, C) + extra) * 3).astype(np.float32)
+  y = rng.integers(0, C, (24,) + extra)
+  y.reshape(-1)[::5] = -100
+  for reduction in ("mean", "sum", "none"):
+    for ls in (0.0, 0.1):
+      x, t64, t32 = (fg.tensor(a, requires_grad=True), torch.tensor(a.astype(np.float64), requires_grad=True),
+                     torch.tensor(a, requires_grad=True))
+      got = FF.cross_entropy(x, fg.tensor(y), reduction=reduction, label_smoothing=ls)
+      want, w32 = (TF.cross_entropy(t, torch.from_numpy(y), reduction=reduction, label_smoothing=ls) for t in (t64, t32))
+      got.sum().backward(), want.sum().backward(), w32.sum().backward()
+      np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+      e, e32 = (np.abs(g - t64.grad.numpy()).max() for g in (x.grad.numpy(), t32.grad.numpy()))
+      assert e <= 2 * e32 + 1e-7, (reduction, ls, e, e32)
+  x, t = _leaf(rng, 64, C), fg.tensor(rng.integers(0, C, size=64)).realize()
+  with fg.track() as fk:
+    loss = FF.cross_entropy(x, t).realize()
+  with fg.track() as bk:
+    loss.backward()
+    x.grad.realize()
+  assert len(fk.kernels) <= 3 and len(bk.kernels) <= 2, ([k.name for k in fk.kernels], [k.name for k in bk.kernels])
+  assert all(k.flops < 64 * C * 30 for k in fk.kernels + bk.kernels)   # no work of rows x classes x targets
+
+
 @pytest.mark.parametrize("mask", [None, "bool", "float", "causal"])
 def test_sdpa_kernel_count(mask, rng):
   q, k, v = (_leaf(rng, 2, 2, 8, 4) for _ in range(3))

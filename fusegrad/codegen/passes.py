@@ -229,6 +229,36 @@ def _masks(roots: list, stores: list) -> set:
           all(c.dtype is dt.float32 for c in v.src) and all(reads(p, i) for p, i in uses.get(id(v), ()))}
 
 
+def _lane_valids(vals: list, u) -> set:
+  """ids of the validity conditions (ir.Valid) along axis u that only bound u's lanes from above (_lane_range with
+  nothing else and no lower bound inside the vector) and that every use reads as the condition of a float32 select
+  that only reductions over u read: a reduction padded to whole vectors selecting its identity past the end
+  (ir.guard), `r < 300` for r = 16 * b + u. As vectors each is one lane mask, `lane < 300 - 16 * b` (_lane_mask),
+  so the select is a vector select. (Elsewhere, a padding's select of 0 around a load that is gathered lane by
+  lane anyway, the output axis takes no vectors for it: a padded row's index divided per lane.)"""
+  uses: dict = {}
+  for v in vals:
+    for i, c in enumerate(children(v)): uses.setdefault(id(c), []).append((v, i))
+  out = set()
+  for v in vals:
+    if not isinstance(v, Valid) or u not in v.cond.variables(): continue
+    lr = _lane_range(v.cond, u)
+    if lr is None or not lr[0].is_true or sym.bounds(lr[1][0])[1] > 0 or \
+       max(abs(b) for b in sym.bounds(lr[1][1])) >= 1 << 24: continue
+    if all(isinstance(p, Alu) and p.op == "WHERE" and i == 0 and p.dtype is dt.float32 and
+           all(isinstance(r, Reduce) and u in r.loops for r, _ in uses.get(id(p), ())) for p, i in uses.get(id(v), ())):
+      out.add(id(v))
+  return out
+
+
+def _lane_mask(cond: sym.Cond, u, n: int) -> Alu:
+  """A lane valid of _lane_valids as a vector mask of u's n lanes: (float) lane < (float) its bound."""
+  hi = _lane_range(cond, u)[1][1]
+  bound = Alu("CAST", dt.float32, (Index(hi, sym.TRUE, dt.int32),))
+  iota = Vectorize(tuple(Const(float(i), dt.float32) for i in range(n)), vec(dt.float32, n))
+  return Alu("CMPLT", vec(dt.bool_, n), (iota, Vectorize((bound,) * n, vec(dt.float32, n))))
+
+
 def vector_axes(k: Kernel, caps, deps: dict) -> list:
   """The UPCAST axes expand turns into vector values, in the order it does: of those whose size is a vector width
   of the device, the one whose lanes save most work first (`_vector_saving`), then most loads and stores stepping
@@ -289,6 +319,7 @@ def _vector_saving(k: Kernel, u, vals: list, deps: dict, masks: set) -> float:
   on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
   reduces = [v for v in vals if isinstance(v, Reduce) and on_u(v)]
   inside = {id(x) for r in reduces for x in toposort((r.src,) + r.more)} | {id(r) for r in reduces}
+  masks = masks | _lane_valids(vals, u)
   total = 0.0
   for v in vals:
     if not on_u(v) or (reduces and id(v) not in inside) or id(v) in masks: continue
@@ -319,6 +350,7 @@ def _vector_region(u, vals: list, deps: dict, masks: set) -> set | None:
   on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
   reduces = [v for v in vals if isinstance(v, Reduce) and on_u(v)]
   inside = {id(x) for r in reduces for x in toposort((r.src,) + r.more)} | {id(r) for r in reduces}
+  masks = masks | _lane_valids(vals, u)
   region = set()
   for v in vals:
     if not on_u(v): continue
@@ -380,6 +412,7 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
   at = [{u: sym.const(i)} for i in range(n)]
   memo: dict = {}
   masks = _masks(roots, stores)
+  lane_valids = _lane_valids(toposort(roots), u)
   isvec = lambda x: isinstance(x, Val) and isinstance(x.dtype, VecDType)
   # a value that is no vector op (vector_axes admits them after the reductions only) is a tuple of its lanes
   islanes = lambda x: isinstance(x, tuple)
@@ -429,7 +462,8 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
     elif isinstance(v, Index):
       r = tuple(Index(sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
       if _int_lanes(v): r = Vectorize(r, vd)    # (its lanes' indices, one vector for the integer ops it feeds)
-    elif isinstance(v, Valid): r = tuple(Valid(v.cond.substitute(e), v.dtype) for e in at)
+    elif isinstance(v, Valid):
+      r = _lane_mask(v.cond, u, n) if id(v) in lane_valids else tuple(Valid(v.cond.substitute(e), v.dtype) for e in at)
     elif isinstance(v, Alu):
       srcs = [vz(c) for c in v.src]
       if not any(isvec(c) or islanes(c) for c in srcs): r = Alu(v.op, v.dtype, tuple(srcs))
@@ -471,7 +505,7 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
     val = vz(st.value)
     on_u = u in sym.variables(st.idx) or u in st.valid.variables()
     if not on_u and u not in deps[id(st.value)]:   # not along u (maybe a vector of another axis): as it is
-      out.append(Store(st.buf, st.idx, val, st.valid))
+      out.append(Store(st.buf, st.idx, val, st.valid, st.lanes))
     elif (isvec(val) or (not islanes(val) and val.dtype is dt.float32)) and _stride(st.idx, u) == 1 and \
         u not in st.valid.variables():   # (a value the same in every lane, a constant: broadcast)
       out.append(Store(st.buf, sym.substitute(st.idx, at[0]), as_vec(val), st.valid))

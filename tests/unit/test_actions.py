@@ -847,18 +847,39 @@ def test_heuristic_sums_few_columns_in_vectors(rng):
 
 
 def test_heuristic_puts_chains_of_reductions_side_by_side(rng):
-  """A reduction whose length takes no lanes (a max over a vocabulary of 65) is one chain of dependent steps per
-  output: the outputs take the vector lanes instead, one chain per lane. Where the chain cannot be vectors (float64)
-  nothing is upcast. Values equal numpy's exactly."""
-  x = rng.standard_normal((256, 65)).astype(np.float32)
+  """A reduction whose length takes no lanes (a max over 33, which whole vectors would pad by almost half) is one
+  chain of dependent steps per output: the outputs take the vector lanes instead, one chain per lane. Where the chain
+  cannot be vectors (float64) nothing is upcast. Values equal numpy's exactly."""
+  x = rng.standard_normal((256, 33)).astype(np.float32)
   caps = _avx512(rd.get("PYTHON").caps)
-  item = one_kernel(fg.Tensor(x).max(1)[0] if isinstance(fg.Tensor(x).max(1), tuple) else fg.Tensor(x).amax(1))
+  item = one_kernel(fg.Tensor(x).amax(1))
   opts = heuristic.hand_coded(item.kernel, caps)
   assert _upcasts(item.kernel, opts, caps) == [(256, 16)] and _first_vector_axis(item.kernel, opts, caps) == 16
   np.testing.assert_array_equal(run(item, tuple(opts)), x.max(1))
   np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), x.max(1))
   item = one_kernel(fg.Tensor(x.astype(np.float64)).amax(1))
   assert heuristic.hand_coded(item.kernel, caps) == []
+
+
+@pytest.mark.parametrize("n", [65, 300, 700])
+def test_rows_no_multiple_of_the_vectors_are_padded_or_peeled(n, rng):
+  """A float32 max, sum and softmax along rows of 65, 300 or 700 (no multiple of AVX-512's 16 lanes) read the rows
+  in vectors: a short row padded to whole vectors whose last one is masked (PADTO; the padded lanes add the
+  reduction's identity through a lane mask, passes._lane_valids), a long one peeled (PEEL: whole vector accumulators,
+  then the tail's masked vectors). Rows of softmax's outputs are stored with a masked last vector beside the
+  reductions' vectors (a masked store kept when a later axis is vectorized: it lost its mask and wrote past the
+  row). Values against numpy on the interpreter and compiled."""
+  x = (rng.standard_normal((256, n)) * 3).astype(np.float32)
+  caps = _avx512(rd.get("PYTHON").caps)
+  e = np.exp(x - x.max(1, keepdims=True))
+  for y, want in ((fg.Tensor(x).amax(1), x.max(1)), (fg.Tensor(x).sum(1), x.sum(1)),
+                  (fg.Tensor(x).softmax(1), e / e.sum(1, keepdims=True))):
+    item = one_kernel(y)
+    opts = heuristic.hand_coded(item.kernel, caps)
+    assert (OptOp.PEEL in {o.op for o in opts}) == (n >= 256) and OptOp.PADTO in {o.op for o in opts}, opts
+    assert _first_vector_axis(item.kernel, opts, caps) in (8, 16), opts
+    for dev in ("PYTHON", "CPU"):
+      np.testing.assert_allclose(run(item, tuple(opts), dev), want, rtol=1e-5, atol=1e-5 * np.sqrt(n))
 
 
 @pytest.mark.parametrize("n, k, m", [(20, 800, 200), (13, 40, 200), (70, 64, 100)])

@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 from fusegrad.graph import symbolic as sym
-from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, SHARED_KINDS, substitute_kernel,
-                                 toposort, dependencies, guard, axis_variables)
+from fusegrad.codegen.ir import (Kernel, Axis, AxisKind, Reduce, Load, Alu, Store, SHARED_KINDS, substitute_kernel,
+                                 substitute, toposort, dependencies, guard, axis_variables)
 from fusegrad.codegen.opt import tc as tcs
 from fusegrad.codegen.renderer.base import Caps
 
@@ -39,6 +39,8 @@ class OptOp(enum.Enum):
                        # the axis at the pieces' bounds (a concatenation), each copy keeps only its piece's terms
   READAHEAD = "readahead"  # the loads that step at least a cache line per iteration of the reduction loop `axis`
                            # asked for `arg` bytes ahead of their use (software prefetch: _read_ahead)
+  PEEL = "peel"        # cut a reduction axis into its whole multiples of `arg` and the tail after them: each
+                       # reduction over it becomes the fold of two, the tail's a new reduction axis after it (_peel)
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,43 @@ def _padto(k, opt, a, caps):
   return guard(k, vp, inside, wrap=a.size if wrap else 0)
 
 
+# the two parts of a peeled reduction (_peel) folded by this op
+_PEEL_FOLD = {"SUM": "ADD", "MAX": "MAX", "MIN": "MIN"}
+
+
+def _peel(k, opt, a, caps):
+  """Reduction axis a (size s) becomes its first s - s % arg indices (the axis, renamed) and the s % arg after them
+  (a new REDUCE axis right after it): every reduction over a is the fold (_PEEL_FOLD) of the reduction over the first
+  part and the one over the tail, each with its own accumulators. The first part is then whole vectors of any
+  divisor of arg (no masked lanes in its loop), where padding the axis (PADTO) would mask the last vectors of every
+  step (a masked vector's bounds change each step: a sum of exps over a vocabulary of 50257, 25 ms padded, peeled
+  18)."""
+  _need(a.kind is K.REDUCE, opt, k, f"only a reduction axis is peeled, this one is {a.kind.value}")
+  _need(a.end is None, opt, k, f"the axis {a} has a size known at run time only")
+  _need(opt.arg > 1, opt, k, f"the multiple must be > 1, got {opt.arg}")
+  main, tail = a.size - a.size % opt.arg, a.size % opt.arg
+  _need(main > 0 and tail > 0, opt, k, f"{a.size} is no multiple of {opt.arg} plus a tail")
+  reds = [r for r in _reduces(k) if a.var in r.loops]
+  for r in reds:
+    _need(r.op in _PEEL_FOLD and not r.more, opt, k, f"a {r.op} reduction over the axis has no fold of two parts")
+    # (two loops over the same outer axes, one per part, would not nest in one loop over them: linearize)
+    _need(r.loops == (a.var,), opt, k, f"a reduction over {list(r.loops)}: only a reduction over the axis alone peels")
+  taken = {x.var.name for x in k.axes}
+  name = a.var.name
+  while name + "m" in taken or name + "t" in taken: name += "_"
+  vm, vt = sym.Var(name + "m", 0, main - 1), sym.Var(name + "t", 0, tail - 1)
+  replaced = {}
+  for r in reds:
+    head = substitute([r], {a.var: sym.lin(vm)}, {a.var: (vm,)})[0]
+    rest = substitute([r], {a.var: sym.lin(vt) + main}, {a.var: (vt,)})[0]
+    replaced[id(r)] = Alu(_PEEL_FOLD[r.op], r.dtype, (head, rest))
+  roots = [st.value for st in k.stores]
+  vals = substitute(roots, {}, None, replaced)
+  stores = tuple(Store(st.buf, st.idx, v, st.valid, st.lanes) for st, v in zip(k.stores, vals))
+  axes = k.axes[:opt.axis] + (Axis(vm, K.REDUCE), Axis(vt, K.REDUCE)) + k.axes[opt.axis + 1:]
+  return replace(k, stores=stores, axes=axes)
+
+
 def _read_along(k: Kernel, var) -> bool:
   """Does some load of k step by 1 along var?"""
   return any(isinstance(v, Load) and dict(sym.lin(v.idx).terms).get(var) == 1
@@ -365,4 +404,4 @@ def _reduces(k: Kernel) -> list:
 
 _APPLY = {OptOp.UPCAST: _upcast, OptOp.UNROLL: _unroll, OptOp.LOCAL: _local, OptOp.GROUP: _group, OptOp.SWAP: _swap,
           OptOp.PADTO: _padto, OptOp.LOOP: _loop, OptOp.STAGE: _stage, OptOp.TC: _tc, OptOp.PREFETCH: _prefetch,
-          OptOp.READAHEAD: _read_ahead, OptOp.PIECES: _pieces}
+          OptOp.READAHEAD: _read_ahead, OptOp.PIECES: _pieces, OptOp.PEEL: _peel}
