@@ -119,6 +119,25 @@ def th_embed_train(w, idx, g):
   return w.grad
 
 
+def fg_weight_grad(g, x): return g.T @ x   # a Linear layer's weight gradient over a batch of tokens
+def np_weight_grad(g, x): return g.T @ x
+def th_weight_grad(g, x): return g.T @ x
+
+
+def fg_xent_train(z, y):
+  """forward and backward of cross_entropy over a vocabulary: the loss and the logits' gradient made together (a
+  training step reads both), the gradient returned"""
+  z = z.detach().requires_grad_()
+  loss = fg.nn.functional.cross_entropy(z, y)
+  loss.backward()
+  fg.realize(loss, z.grad)
+  return z.grad
+def th_xent_train(z, y):
+  z = z.detach().requires_grad_()
+  torch.nn.functional.cross_entropy(z, y).backward()
+  return z.grad
+
+
 # the cases --compile also times under torch.compile (a matmul or convolution compiles to the same library call)
 COMPILED = ("relu", "softmax", "layernorm", "sum")
 
@@ -136,6 +155,9 @@ def cases(quick: bool):
     (f"layernorm(-1), {n_sm}x{n_sm}", (fg_layernorm, np_layernorm, th_layernorm), (r(n_sm, n_sm),),
      dict(rtol=1e-4, atol=1e-5)),
   ]
+  rows, cls = (1024, 1000) if quick else (4096, 1000)    # an ImageNet classifier's 1000 classes: no multiple of vectors
+  out.append((f"softmax(-1), {rows}x{cls}", (fg_softmax, np_softmax, th_softmax), (r(rows, cls),),
+              dict(rtol=1e-4, atol=1e-7)))
   x = r(n_ew)
   # float32 sums of 2^24 terms differ by summation order; scale the tolerance by sum(|x|)
   out.append((f"sum, 2^{e}", (fg_sum, np_sum, th_sum), (x,), dict(rtol=0, atol=1e-7 * float(np.abs(x).sum()))))
@@ -149,6 +171,12 @@ def cases(quick: bool):
   if torch is not None:
     out.append((f"conv2d 3x3 {c}->{c}, {hw}x{hw}, batch {b}, forward+backward", (fg_conv_train, None, th_conv_train),
                 (r(b, c, hw, hw), r(c, c, 3, 3) / 24, r(b, c, hw, hw)), dict(rtol=1e-3, atol=1e-2)))
+    T, D = (512, 256) if quick else (4096, 768)   # GPT-2's MLP over 8 x 512 tokens: g [T, 4D], x [T, D]
+    out.append((f"weight gradient g.T @ x, [{T}x{4 * D}].T @ [{T}x{D}]", (fg_weight_grad, np_weight_grad,
+                th_weight_grad), (r(T, 4 * D), r(T, D)), dict(rtol=1e-4, atol=1e-4 * T ** 0.5)))
+    N, V = (256, 5000) if quick else (1024, 50257)   # GPT-2's vocabulary
+    out.append((f"cross_entropy {N}x{V}, forward+backward", (fg_xent_train, None, th_xent_train),
+                (r(N, V), rng.integers(0, V, N)), dict(rtol=1e-4, atol=1e-6)))
     V, T, D = (5000, 256, 64) if quick else (50257, 2048, 768)   # GPT-2's vocabulary and width
     out.append((f"embedding {V}x{D} over {T} tokens, backward", (fg_embed_train, None, th_embed_train),
                 (r(V, D), rng.integers(0, V, T), r(T, D)), dict(rtol=1e-4, atol=1e-4)))
