@@ -251,14 +251,15 @@ def test_heuristic_loops_a_transposing_copy_along_its_reads(rng):
   want = b.reshape(64, 49, 16).transpose(1, 0, 2)
   np.testing.assert_array_equal(run(item, tuple(opts)), want)
   np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), want)
-  # a transpose (the read steps by 1 along the other axis): each work item loops over a vector's worth of it, so
-  # each lane's row is read a cache line at a time (its neighbours had read other rows, a page apart)
-  for r, c in ((320, 256), (256, 208)):
+  # a transpose (the read steps by 1 along the other axis): each work item loops over whole vectors' worth of it (up
+  # to TRANSPOSE_VECTORS, while TRANSPOSE_MIN_ITEMS work items remain), so each lane's row is read cache lines at a
+  # time (its neighbours had read other rows, a page apart)
+  for r, c, n in ((320, 256, 16), (256, 208, 16), (1024, 512, 64), (1024, 48, 16)):
     a = rng.standard_normal((r, c)).astype(np.float32)
     item = one_kernel(fg.Tensor(a).T.contiguous())
     opts = heuristic.hand_coded(item.kernel, _avx512(rd.get("PYTHON").caps))
     loops = [o for o in opts if o.op is OptOp.LOOP]
-    assert len(loops) == 1 and loops[0].arg == 16, opts
+    assert len(loops) == 1 and loops[0].arg == n, (r, c, opts)
     np.testing.assert_array_equal(run(item, tuple(opts)), a.T)
     np.testing.assert_array_equal(run(item, tuple(opts), "CPU"), a.T)
 
