@@ -402,7 +402,8 @@ def test_large_matmul_reads_panels_on_vector_tile_devices(rng, fresh_caches):
 def test_row_operand_read_across_the_reduction_is_copied_first(rng, fresh_caches):
   """a.T @ b with a stored [k, n] (a weight gradient `g.T @ x`): rows a page apart per step of the reduction are
   copied with the reduction consecutive (logged as operand_layout) beside b's panels on the CPU; rows closer than a
-  page in a narrow product, and the interpreter's device, keep a as it is. Values and gradients against numpy."""
+  page in a narrow product or over a short reduction, and the interpreter's device, keep a as it is. Values and
+  gradients against numpy."""
   lanes = max(fg.runtime.device.get("CPU").caps.vector_widths)
   a, b = randn(rng, 128, 1024), randn(rng, 128, 160)            # a.T's rows 4 KB apart
   ta, tb = fg.Tensor(a, requires_grad=True), fg.Tensor(b, requires_grad=True)
@@ -417,8 +418,10 @@ def test_row_operand_read_across_the_reduction_is_copied_first(rng, fresh_caches
   np.testing.assert_allclose(tb.grad.numpy(), a @ g, rtol=1e-4, atol=1e-3)
   near = realized(randn(rng, 128, 512)).T @ realized(randn(rng, 128, 256))   # 2 KB apart, 256 columns: kept
   assert not any("row operand" in wy for wy in _whys(near))
-  wide = realized(randn(rng, 128, 256)).T @ realized(randn(rng, 128, 512))   # 1 KB apart, 512 columns: copied
+  wide = realized(randn(rng, 1024, 256)).T @ realized(randn(rng, 1024, 512))   # 1 KB apart, 512 columns: copied
   assert any("row operand" in wy for wy in _whys(wide))
+  short = realized(randn(rng, 512, 64)).T @ realized(randn(rng, 512, 576))   # ... but not over a short reduction
+  assert not any("row operand" in wy for wy in _whys(short))                 # (a convolution's weight gradient)
   py = realized(a, "PYTHON").T @ realized(b, "PYTHON")
   assert len(_whys(py)) == 1
   np.testing.assert_allclose(py.numpy(), a.T @ b, rtol=1e-4, atol=1e-3)

@@ -274,9 +274,10 @@ PANEL_MIN_K = 128
 # half torch's speed)
 PANEL_PAD_WASTE = 1 / 16
 # a row operand read across the reduction (_rows_across) is copied where its rows step a page (bytes) per step of the
-# reduction, or at least ROWS_COPY_MIN_STRIDE bytes in a product of at least ROWS_COPY_MIN_COLS columns (from
-# PANEL_MIN_WORK multiply-adds, on devices that read panels)
+# reduction, or at least ROWS_COPY_MIN_STRIDE bytes in a product of at least ROWS_COPY_MIN_COLS columns and a
+# reduction of ROWS_COPY_MIN_K (from PANEL_MIN_WORK multiply-adds, on devices that read panels)
 ROWS_COPY_PAGE = 4096
+ROWS_COPY_MIN_K = 1024
 ROWS_COPY_MIN_STRIDE = 256
 ROWS_COPY_MIN_COLS = 384
 
@@ -327,12 +328,14 @@ def _rows_across(a: Node, ca, n: int, k: int, m: int, work: int) -> bool:
   share a cache set. Copied, the product is a @ b's; the copy is one pass over a, paid back by many columns. 2-core
   Xeon (AVX-512), a.T @ b as [n x k] @ [k x m] (a stored [k, n]): 1024x1024x1024 22.2 -> 8.4 ms, 2048x2048x128
   12.7 -> 8.7, 512x8192x512 40.9 -> 19.9, 128x2048x512 1.65 -> 1.44, GPT-2's [3072x4096] @ [4096x768] ~230 -> 81;
-  slower copied: 768x4096x128 3.8 -> 5.0, 512x2048x128 1.6 -> 1.8, 256x2048x256 1.48 -> 1.58."""
+  slower copied: 768x4096x128 3.8 -> 5.0, 512x2048x128 1.6 -> 1.8, 256x2048x256 1.48 -> 1.58, and a ResNet-18's
+  convolution weight gradients over short reductions, rows 256-512 bytes apart ([64 x 512] @ [512 x 576]: 1.9 ->
+  14 ms a step; rows closer than a page are copied from ROWS_COPY_MIN_K only)."""
   st = a.arg.strides
   if ca is not None or a.arg.mask is not None or st[-2] in (0, 1) or n < TRANSPOSE_MIN_ROWS or \
      k < TRANSPOSE_MIN_ROWS or m < TRANSPOSE_MIN_ROWS or work < PANEL_MIN_WORK: return False
   step = abs(st[-2]) * a.dtype.itemsize
-  return step >= ROWS_COPY_PAGE or (step >= ROWS_COPY_MIN_STRIDE and m >= ROWS_COPY_MIN_COLS)
+  return step >= ROWS_COPY_PAGE or (step >= ROWS_COPY_MIN_STRIDE and m >= ROWS_COPY_MIN_COLS and k >= ROWS_COPY_MIN_K)
 
 
 def layout_operand(r: Node):
