@@ -283,8 +283,10 @@ def vector_axes(k: Kernel, caps, deps: dict) -> list:
   idxs = [x.idx for x in vals if isinstance(x, (Load, LocalLoad))] + [st.idx for st in k.stores]
   score = {c: sum(_stride(i, c) == 1 for i in idxs) for c in cands}
   masks = _masks([st.value for st in k.stores], k.stores)
-  regions = {c: _vector_region(c, vals, deps, masks) for c in cands}
-  saved = {c: _vector_saving(k, c, vals, deps, masks) if regions[c] is not None else 0 for c in cands}
+  # (per axis, the padded reductions' lane bounds read as masks too: _lane_valids)
+  lane_masks = {c: masks | _lane_valids(vals, c) for c in cands}
+  regions = {c: _vector_region(c, vals, deps, lane_masks[c]) for c in cands}
+  saved = {c: _vector_saving(k, c, vals, deps, lane_masks[c]) if regions[c] is not None else 0 for c in cands}
   out, taken = [], set()
   # stable: the last axis first on a tie
   for u in sorted(reversed(cands), key=lambda c: (-saved[c], -score[c])):
@@ -319,7 +321,6 @@ def _vector_saving(k: Kernel, u, vals: list, deps: dict, masks: set) -> float:
   on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
   reduces = [v for v in vals if isinstance(v, Reduce) and on_u(v)]
   inside = {id(x) for r in reduces for x in toposort((r.src,) + r.more)} | {id(r) for r in reduces}
-  masks = masks | _lane_valids(vals, u)
   total = 0.0
   for v in vals:
     if not on_u(v) or (reduces and id(v) not in inside) or id(v) in masks: continue
@@ -350,7 +351,6 @@ def _vector_region(u, vals: list, deps: dict, masks: set) -> set | None:
   on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
   reduces = [v for v in vals if isinstance(v, Reduce) and on_u(v)]
   inside = {id(x) for r in reduces for x in toposort((r.src,) + r.more)} | {id(r) for r in reduces}
-  masks = masks | _lane_valids(vals, u)
   region = set()
   for v in vals:
     if not on_u(v): continue

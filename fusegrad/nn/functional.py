@@ -812,8 +812,8 @@ def _cross_entropy(input: Tensor, target: Tensor, weight, ignore_index: int, red
                    label_smoothing: float) -> Tensor:
   """cross_entropy of checked arguments."""
   cdim = 0 if input.ndim == 1 else 1
-  logp = input.log_softmax(cdim)
   if target.dtype.is_float:     # class probabilities
+    logp = input.log_softmax(cdim)
     C = input.shape[cdim]
     t = target * (1 - label_smoothing) + label_smoothing / C if label_smoothing > 0 else target
     terms = logp * t
@@ -828,7 +828,9 @@ def _cross_entropy(input: Tensor, target: Tensor, weight, ignore_index: int, red
     lse = (input - m).exp().sum(1, keepdim=True).log()
     t = where(target != ignore_index, target, 0).unsqueeze(1)
     picked = ((input.gather(1, t) - m) - lse).squeeze(1)
-    logp = (input - m) - lse
+    logp = (input - m) - lse   # (read by label smoothing's sum only)
+  else:
+    logp = input.log_softmax(cdim)
   return _class_loss(logp, target, weight, ignore_index, reduction, label_smoothing, picked)
 
 
