@@ -920,3 +920,31 @@ def test_reduction_of_whole_vectors_takes_the_accumulators_that_divide_it(rng):
     want = np.exp(x.astype(np.float64) - 1).sum(1)
     for dev in ("PYTHON", "CPU"):
       np.testing.assert_allclose(run(item, tuple(opts), dev), want, rtol=1e-5)
+
+
+def test_peel_splits_a_reduction_into_whole_multiples_and_a_tail(rng):
+  """OptOp.PEEL: a max and a sum along rows of 70 become the fold of their first 64 and their last 6 (a new REDUCE axis
+  of 6 after the axis of 64); values exactly numpy's max and numpy's sum within reassociation, on the interpreter and
+  compiled. It refuses what has no such fold: an output axis, a length the multiple divides, and a reduction over more
+  than the peeled axis."""
+  x = rng.standard_normal((32, 70)).astype(np.float32)
+  caps = rd.get("PYTHON").caps
+  for y, want, exact in ((fg.Tensor(x).amax(1), x.max(1), True), (fg.Tensor(x).sum(1), x.sum(1), False)):
+    item = one_kernel(y)
+    k = item.kernel
+    r = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE)
+    kp = apply_opt(k, Opt(OptOp.PEEL, r, 64), caps)
+    assert [(a.kind, a.size) for a in kp.axes[r:r + 2]] == [(AxisKind.REDUCE, 64), (AxisKind.REDUCE, 6)]
+    for dev in ("PYTHON", "CPU"):
+      got = run(item, (Opt(OptOp.PEEL, r, 64),), dev)
+      if exact: np.testing.assert_array_equal(got, want)
+      else: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    g = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.GLOBAL)
+    with pytest.raises(OptError, match="only a reduction axis is peeled"): apply_opt(k, Opt(OptOp.PEEL, g, 16), caps)
+    with pytest.raises(OptError, match="no multiple"): apply_opt(k, Opt(OptOp.PEEL, r, 35), caps)
+  item = one_kernel(fg.Tensor(rng.standard_normal((4, 6, 70)).astype(np.float32)).sum((1, 2)))
+  k = item.kernel
+  reds = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+  assert [k.axes[i].size for i in reds] == [6, 70]   # one reduction over both axes
+  with pytest.raises(OptError, match="only a reduction over the axis alone peels"):
+    apply_opt(k, Opt(OptOp.PEEL, reds[-1], 64), caps)
