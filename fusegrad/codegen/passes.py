@@ -719,17 +719,32 @@ def streamed_loads(roots: list, u: sym.Var) -> list:
 
 
 def read_ahead(k: Kernel) -> Kernel:
-  """ir.Prefetch hints for Kernel.read_ahead: each streamed load of a loop that reads ahead (streamed_loads), at the
-  index it reads the given number of bytes later (whole steps of the loop, at least one). A loop that a later action
-  split (its variable gone from every reduction) has none."""
+  """ir.Prefetch hints for Kernel.read_ahead: the streamed loads of a loop that reads ahead (streamed_loads), each
+  at the index it reads some whole steps of the loop later (at least one). The distance is in time, the same number
+  of steps for every stream of the loop: the given bytes of its nearest-stepping stream (1024 bytes of a matmul's
+  panel of 16 floats: 16 steps; its rows, a weight gradient's 2 KB apart, as many steps ahead). Loads of one buffer
+  whose indices differ by a constant share a hint per cache line (a register tile's rows, consecutive floats: one or
+  two lines, not one hint per row). A loop that a later action split (its variable gone from every reduction) has
+  none."""
   if not k.read_ahead: return k
   roots = [st.value for st in k.stores]
   hints, seen = [], set()
   for u, nbytes in k.read_ahead:
-    for x, s in streamed_loads(roots, u):
-      ahead = max(1, nbytes // (abs(s) * scalar_of(x.dtype).itemsize))
-      p = Prefetch(x.buf, sym.lin(x.idx) + s * ahead)
-      if p not in seen:
-        seen.add(p)
-        hints.append(p)
+    loads = streamed_loads(roots, u)
+    if not loads: continue
+    ahead = max(1, nbytes // min(abs(s) * scalar_of(x.dtype).itemsize for x, s in loads))
+    groups: dict = {}   # (buffer, index less its constant) -> its loads' (constant, step)
+    for x, s in loads:
+      idx = sym.lin(x.idx)
+      groups.setdefault((x.buf, idx.terms, LINE_BYTES // scalar_of(x.dtype).itemsize), []).append((idx.const, s))
+    for (buf, terms, line), cs in groups.items():
+      cs.sort()
+      kept = [cs[0]]   # a line apart, and the last (its line may be the next: the first's alignment is not known)
+      for c in cs[1:]:
+        if c[0] - kept[-1][0] >= line or c is cs[-1]: kept.append(c)
+      for c, s in kept:
+        p = Prefetch(buf, sym.Lin(terms, c) + s * ahead)
+        if p not in seen:
+          seen.add(p)
+          hints.append(p)
   return replace(k, prefetches=tuple(hints))

@@ -10,6 +10,7 @@ from fusegrad.codegen.opt import Opt, OptOp, OptError, apply_opt, apply_opts
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen.opt import heuristic
 from fusegrad.runtime import device as rd
+from fusegrad.graph import symbolic as sym
 from tests.unit.kernels import one_kernel, run, make, NAMES
 
 K = AxisKind
@@ -196,23 +197,35 @@ def test_weight_gradient_keeps_its_columns_fastest(rng):
   assert [o for o in opts if o.op in _TILE_OPS][-1].op is OptOp.SWAP, opts
 
 
-def test_weight_gradient_rows_far_apart_get_no_read_ahead(rng, monkeypatch):
-  """A weight gradient whose rows step a read-ahead distance or more along its reduction (512 outputs: 2 KB) gets no
-  read-ahead hints (one per row, a step ahead); rows closer together (128 outputs) and a matmul's panels keep them.
-  Values as numpy's compiled. (Its operands in their own layout: the scheduler's panels kept for fewer rows.)"""
+def test_weight_gradient_rows_far_apart_are_read_ahead_in_time_with_the_panel(rng, monkeypatch):
+  """A weight gradient's rows step 2 KB along its reduction (512 outputs): they are read ahead as many steps as its
+  panel of columns (passes.read_ahead: a distance in time, the panel's READ_AHEAD bytes), one hint for the line the
+  tile's rows start in and one for the last row's, not one per row; rows closer together (128 outputs) alike. Values
+  as numpy's compiled. (Its operands in their own layout: the scheduler's panels kept for fewer rows.)"""
   from fusegrad.schedule import rules
+  from fusegrad.codegen import pipeline, passes
   monkeypatch.setattr(rules, "PANEL_MIN_ROWS", 1 << 20)
   caps = _avx512_gcc(rd.get("PYTHON").caps)
   x = rng.standard_normal((512, 128)).astype(np.float32)
-  for n, hints in ((512, False), (128, True)):
+  for n in (512, 128):
     g = rng.standard_normal((512, n)).astype(np.float32)
     item = one_kernel(fg.Tensor(g).T @ fg.Tensor(x))
     opts = heuristic.hand_coded(item.kernel, caps)
-    assert any(o.op is OptOp.READAHEAD for o in opts) == hints, (n, opts)
+    assert opts[-1].op is OptOp.READAHEAD, (n, opts)
+    p = pipeline.prepare(item.kernel, caps, tuple(opts))
+    (u, _), = p.kernel.read_ahead
+    loads = passes.streamed_loads([st.value for st in p.kernel.stores], u)
+    by_buf: dict = {}
+    for ld, s in set(loads): by_buf.setdefault(ld.buf, []).append((sym.lin(ld.idx).const, s))
+    # g's rows: consecutive floats, a row of g (n floats) per step; x's column vectors: 16 floats apart
+    (gbuf, rows), = [(b, sorted(cs)) for b, cs in by_buf.items() if max(cs)[0] - min(cs)[0] < 16 and len(cs) > 1]
+    assert rows[0][1] == n
+    ahead = heuristic.READ_AHEAD // (4 * min(abs(s) for _, s in loads))   # steps ahead: the nearest stream's bytes
+    hinted = sorted(h.idx.const for h in p.kernel.prefetches if h.buf == gbuf)
+    assert hinted == [rows[0][0] + n * ahead, rows[-1][0] + n * ahead], (n, rows, hinted)
+    others = [h for h in p.kernel.prefetches if h.buf != gbuf]
+    assert len(others) == sum(len(set(cs)) for b, cs in by_buf.items() if b != gbuf), (n, others)   # a line apart each
     _close(run(item, tuple(opts), "CPU"), g.T @ x)
-  a = rng.standard_normal((192, 512)).astype(np.float32)
-  opts = heuristic.hand_coded(one_kernel(fg.Tensor(a) @ fg.Tensor(x)).kernel, caps)
-  assert opts[-1].op is OptOp.READAHEAD, opts
 
 
 def test_tile_takes_an_odd_count_of_column_vectors(rng):

@@ -301,28 +301,6 @@ def _rows_along_reduction(k: Kernel, row) -> bool:
   return True
 
 
-# no read-ahead hints in a tile whose rows step at least READ_AHEAD bytes an iteration (_rows_step_far); False: hints
-ROWS_FAR_NO_HINTS = True
-
-
-def _rows_step_far(k: Kernel, row) -> bool:
-  """Does a read of a register tile's row operand (see _rows_along_reduction) step READ_AHEAD bytes or more per
-  iteration of its reduction's innermost loop? A weight gradient over a batch of 512 or 384 outputs reads its rows
-  1.5-2 KB apart: OptOp.READAHEAD would hint each row's load one iteration ahead (one hint per row, all in one line,
-  beside the column panel's), and the char transformer's jitted step ran 52.1 -> 50.0 ms without them on those two
-  kernels (2-core Xeon, AVX-512); rows 384-512 bytes apart (its [128, 512] and [96, 128] gradients) keep them."""
-  if not ROWS_FAR_NO_HINTS or row is None: return False
-  from fusegrad.codegen.passes import _stride
-  deps = dependencies([st.value for st in k.stores])
-  for r in _reduces(k):
-    inner = r.loops[-1]
-    for x in toposort([r.src]):
-      if isinstance(x, Load) and row in deps[id(x)]:
-        step = _stride(x.idx, inner)
-        if step and abs(step) * x.dtype.itemsize >= READ_AHEAD: return True
-  return False
-
-
 # a kernel whose reductions are chains that take no lanes has its outputs in lanes where this many work items remain
 CHAIN_MIN_ITEMS = 16
 # a turned register tile (_turned_tile) keeps at least this many work items (fewer than MIN_PARALLEL: its columns are
@@ -401,16 +379,15 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     if len(outer) == 2 and max(_extent(r.loops) for r in _reduces(k)) >= SWAP_MIN_REDUCE and \
        _rows_along_reduction(k0, tile[0][0]):
       do(OptOp.SWAP, outer[0], k.axis_index(outer[1]))
-    # the panels streamed along each reduction's innermost loop, read ahead where it is long (the rows' scalars step
-    # a line in 16 iterations: the hardware's prefetcher follows those, and hints for them measured slower); not in a
-    # tile whose rows step READ_AHEAD bytes or more (_rows_step_far)
-    if not _rows_step_far(k0, tile[0][0]):
-      roots = [st.value for st in k.stores]
-      loops = {a.var for a in k.of_kind(K.REDUCE)}   # (a reduction's partial sums are an UPCAST inside its loop)
-      inner = {[x for x in r.loops if x in loops][-1] for r in _reduces(k) if any(x in loops for x in r.loops)}
-      for a in k.of_kind(K.REDUCE):
-        if a.var in inner and a.size >= SWAP_MIN_REDUCE and streamed_loads(roots, a.var):
-          do(OptOp.READAHEAD, a.var, READ_AHEAD)
+    # the loads streamed along each reduction's innermost loop (the panels of columns, and rows that step a line or
+    # more: a weight gradient's), read ahead where it is long; the rows' scalars that step a line in 16 iterations are
+    # left to the hardware's prefetcher, which follows those
+    roots = [st.value for st in k.stores]
+    loops = {a.var for a in k.of_kind(K.REDUCE)}   # (a reduction's partial sums are an UPCAST inside its loop)
+    inner = {[x for x in r.loops if x in loops][-1] for r in _reduces(k) if any(x in loops for x in r.loops)}
+    for a in k.of_kind(K.REDUCE):
+      if a.var in inner and a.size >= SWAP_MIN_REDUCE and streamed_loads(roots, a.var):
+        do(OptOp.READAHEAD, a.var, READ_AHEAD)
     return opts
   reduces = _reduces(k)
   dot = (dot_tile(k, caps) or gathered_tile(k, caps)) if reduces else []
