@@ -525,3 +525,40 @@ def test_column_sum_reads_whole_rows(rng, fresh_caches):
   ups = [o.arg for o in t.kernels[0].opts if o.op is OptOp.UPCAST]
   assert ups[0] == heuristic.tile_lanes(get_device("CPU").caps) and ups[1] > 1, t.kernels[0].opts
   np.testing.assert_allclose(got, x.astype(np.float64).sum(0), rtol=1e-4, atol=1e-3)
+
+
+def test_an_exp_row_operand_no_turned_tile_holds_is_stored(rng, fresh_caches):
+  """Attention's softmax feeding its product with v: where the turned tile (the rows in vector lanes, every column an
+  accumulator) holds v's columns, the softmax stays fused into the product; where it cannot (more columns than the
+  machine's accumulators), the softmax is stored (logged as tile_operands) and the product reads it as plain loads.
+  Values as numpy's either way; a device with work-groups keeps the fusion."""
+  import fusegrad.nn.functional as F
+  caps = get_device(DEV).caps
+  def attend(d):   # a training step's attention: the softmax's max and sum are stored for the backward
+    q, k, v = randn(rng, 16, 2, 64, d), randn(rng, 16, 2, 64, d), randn(rng, 16, 2, 64, d)
+    tv = fg.tensor(v, requires_grad=True)
+    out = F.scaled_dot_product_attention(realized(q), realized(k), tv)
+    out.sum().backward()
+    s = (q.astype(np.float64) @ k.swapaxes(-1, -2)) / np.sqrt(d)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    whys = [it.why for it in S.create_schedule([out.node, tv.grad.node]) if it.kind == "KERNEL"]
+    np.testing.assert_allclose(out.numpy(), p @ v, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(tv.grad.numpy(), p.swapaxes(-1, -2).sum(-1, keepdims=True).repeat(d, -1),
+                               rtol=1e-4, atol=1e-4)
+    return whys
+  wide = heuristic.accumulator_vectors(caps) + 4
+  for d, stored in ((wide, True), (8, False)):
+    whys = attend(d)
+    assert any(w.startswith("tile_operands: a row operand computing an exp") for w in whys) == stored, (d, whys)
+  class Wide:   # a product's column variable, as the rule reads it
+    hi = 1 << 20
+  assert not rules._turnable(DEV, Wide) and (not _has("OPENCL") or rules._turnable("OPENCL", Wide))
+
+
+def _has(device: str) -> bool:
+  try:
+    get_device(device)
+    return True
+  except Exception:
+    return False

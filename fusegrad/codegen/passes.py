@@ -216,17 +216,20 @@ VECTOR_CMPS = frozenset({"CMPLT", "CMPLE", "CMPEQ", "CMPNE"})
 
 
 def _masks(roots: list, stores: list) -> set:
-  """ids of the comparisons of float32 values that every use reads as a condition: each is a WHERE's condition or
-  a CAST to float32 (a relu, its gradient's `x > 0`). As vectors they are lane masks; any other use (a store, a
-  logical op, a reduction) leaves a comparison scalar lanes."""
+  """ids of the comparisons of float32 values, and of the loads of bools, that every use reads as a condition: each
+  is a WHERE's condition or a CAST to float32 (a relu, its gradient's `x > 0`; attention's causal mask read from
+  memory). As vectors they are lane masks (a bool load: its bytes widened to one); any other use (a store, a logical
+  op, a reduction) leaves them scalar lanes."""
   vals = toposort(roots)
   uses: dict = {}
   for v in vals:
     for i, c in enumerate(children(v)): uses.setdefault(id(c), []).append((v, i))
   stored = {id(st.value) for st in stores}
   reads = lambda p, i: isinstance(p, Alu) and p.dtype is dt.float32 and ((p.op == "WHERE" and i == 0) or p.op == "CAST")
-  return {id(v) for v in vals if isinstance(v, Alu) and v.op in VECTOR_CMPS and id(v) not in stored and
-          all(c.dtype is dt.float32 for c in v.src) and all(reads(p, i) for p, i in uses.get(id(v), ()))}
+  return {id(v) for v in vals if ((isinstance(v, Alu) and v.op in VECTOR_CMPS and
+                                   all(c.dtype is dt.float32 for c in v.src)) or
+                                  (isinstance(v, Load) and v.dtype is dt.bool_)) and id(v) not in stored and
+          all(reads(p, i) for p, i in uses.get(id(v), ()))}
 
 
 def _lane_valids(vals: list, u) -> set:
@@ -448,7 +451,9 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
       return r
     vd = vec(v.dtype, n)
     if isinstance(v, Load):   # (32-bit integer loads along u as float32 ones: _int_lanes; masked ones float32 only)
-      if v.dtype is not dt.float32 and not _int_lanes(v, u):
+      if v.dtype is dt.bool_ and id(v) in masks and _stride(v.idx, u) == 1 and u not in v.valid.variables():
+        r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)   # bytes along u read as one lane mask
+      elif v.dtype is not dt.float32 and not _int_lanes(v, u):
         r = tuple(Load(v.buf, sym.substitute(v.idx, e), v.valid.substitute(e), v.dtype) for e in at)
       elif _stride(v.idx, u) == 1 and u not in v.valid.variables():
         r = Load(v.buf, sym.substitute(v.idx, at[0]), v.valid, vd)

@@ -598,6 +598,33 @@ def tile_operands(f: Fusion, k: Kernel, p: Params):
     # mask on dh in dW = x^T @ dh, 784 columns in blocks of 16, was 5x the matmul's time)
     elif ops > p.recompute_ops or (ops and bcast // width >= p.block_recompute):
       return src, "a computed operand recomputed for every block of columns"
+    elif ops and _expensive(src, f.is_leaf) and not _turnable(f.outputs[0].device, col):
+      return src, "a row operand computing an exp, log, tanh or erf that no turned tile vectorizes"
+
+
+def _expensive(n: Node, is_leaf) -> bool:
+  """Does n compute an op of _OP_COST's (exp, log, tanh, erf, ...) inside its kernel (up to leaves and reductions)?"""
+  seen, stack = set(), [n]
+  while stack:
+    x = stack.pop()
+    if id(x) in seen or is_leaf(x) or x.op == "REDUCE": continue
+    seen.add(id(x))
+    if x.op in _OP_COST: return True
+    stack.extend(x.src)
+  return False
+
+
+def _turnable(device: str, col) -> bool:
+  """Can the heuristic's turned tile (heuristic._turned_tile: the rows in vector lanes, all the columns as
+  accumulators) hold this product's columns on k's device? Without it, a row operand computing an exp per element is
+  vectorized across rows by gathers, with one accumulator per column: attention's softmax fused into p @ v over a head
+  of 32 dims (32 accumulators of 8 lanes, spilled) ran 4x slower than the plain product of the stored softmax (2-core
+  Xeon, AVX-512: [128 heads, 64, 64] @ [64, 32] 550 -> 135 us, the softmax stored in 95 us). Devices without register
+  tiles keep their fusion."""
+  from fusegrad.runtime import device as rd
+  caps = rd.get(device).caps
+  if not caps.prefers_blocking or caps.has_local: return True
+  return col.hi + 1 <= heuristic.accumulator_vectors(caps)
 
 
 def judge(f: Fusion, p: Params):

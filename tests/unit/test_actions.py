@@ -838,14 +838,41 @@ def test_vector_lanes_go_where_they_save_most(rng):
   """passes.vector_axes takes first the UPCAST axis whose lanes save the most scalar work (passes.OP_WORK): of a tile
   of 8 rows x 16 columns, the columns where the rows are plain loads (stride-1 column loads and stores), the rows
   where each row value is an exp (8 vector exps per step instead of 8 x 8 scalar ones)."""
-  x, y = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 64)).astype(np.float32)
+  # (16 columns: a turned tile holds them, so the schedule keeps the exp fused: rules._turnable)
+  x, y = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 16)).astype(np.float32)
   caps = _avx512(rd.get("PYTHON").caps)
   for rows, want, rows_first in ((fg.Tensor(x), x, False), (fg.Tensor(x).exp(), np.exp(x), True)):
-    item = one_kernel((rows.reshape(64, 32, 1) * fg.Tensor(y).reshape(1, 32, 64)).sum(1))
+    item = one_kernel((rows.reshape(64, 32, 1) * fg.Tensor(y).reshape(1, 32, 16)).sum(1))
     opts = [Opt(OptOp.UPCAST, 0, 8), Opt(OptOp.UPCAST, 2, 16)]
     assert _first_vector_axis(item.kernel, opts, caps) == (8 if rows_first else 16)
     _close(run(item, tuple(opts)), want @ y)
     _close(run(item, tuple(opts), "CPU"), want @ y)
+
+
+def test_bool_mask_read_as_a_condition_is_one_vector_load(rng):
+  """A bool buffer read only as a select's condition (attention's causal mask, a masked_fill) is one vector load of
+  its bytes widened to a lane mask (passes._masks, the renderer's fg_vloadb), in an elementwise kernel and in a matmul's
+  epilogue; read any other way (stored, combined with another bool) it stays one load per lane. Values as numpy's on the
+  interpreter and compiled."""
+  from fusegrad.codegen.renderer.cstyle import CRenderer
+  from fusegrad.codegen import pipeline
+  caps = _avx512(rd.get("PYTHON").caps)
+  x, y = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal((64, 64)).astype(np.float32)
+  m, m2 = rng.random((64, 64)) < 0.5, rng.random((64, 64)) < 0.5
+  cases = (
+    (fg.Tensor(x).masked_fill(fg.Tensor(m), -np.inf), np.where(m, -np.inf, x), True),
+    ((fg.Tensor(x) @ fg.Tensor(y)).masked_fill(fg.Tensor(m), 0.0), np.where(m, 0, x @ y), True),
+    (fg.Tensor(m) & fg.Tensor(m2), m & m2, False),
+  )
+  for out, want, vector in cases:
+    item = one_kernel(out)
+    opts = tuple(heuristic.hand_coded(item.kernel, caps))
+    p = pipeline.prepare(item.kernel, caps, opts)
+    src = CRenderer().render(p.kernel, p.listing)
+    assert ("fg_vloadb_" in src.split("void ")[-2 if "_entry" in src else -1]) == vector, (opts, src[-3000:])
+    got = run(item, opts)
+    (np.testing.assert_array_equal if want.dtype == bool else _close)(got, want)
+    (np.testing.assert_array_equal if want.dtype == bool else _close)(run(item, opts, "CPU"), want)
 
 
 def test_heuristic_sums_few_columns_in_vectors(rng):

@@ -95,7 +95,9 @@ class CStyleRenderer:
   def gep(self, a: str, lane: int) -> str: return f"{a}[{lane}]"
   def vconvert(self, a: str, d: VecDType) -> str: return f"__builtin_convertvector({a}, {self.vec_type(d)})"
   def vload(self, buf: int, idx: str, d: VecDType) -> str: return self.vload_at(f"b{buf}", idx, d)
-  def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"fg_vload_{self.vec_type(d)}({ptr}+{idx})"
+  def vload_at(self, ptr: str, idx: str, d: VecDType) -> str:
+    if d.scalar.is_bool: return f"fg_vloadb_{d.count}({ptr}+{idx})"   # bools' bytes as a lane mask
+    return f"fg_vload_{self.vec_type(d)}({ptr}+{idx})"
   def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str:
     return f"fg_vstore_{self.vec_type(d)}(b{buf}+{idx}, {val});"
   # a masked load or store (ir.Load.lanes): only lanes lo <= i < hi (Caps.masked_vectors: the C renderer's)
@@ -483,6 +485,10 @@ def _c_vectors(widths) -> str:
               f"static inline void fg_vstore_{v}({c}* p, {v} x) {{ memcpy(p, &x, sizeof x); }}"
               for v, c in ((m, "int32_t"), (f"fg_uint32x{n}", "uint32_t"))),
             f"static inline {t} fg_vload_{t}(const float* p) {{ {t} v; memcpy(&v, p, sizeof v); return v; }}",
+            # (n bools, one byte each, as a lane mask of -1 and 0: passes._masks' bool loads)
+            f"typedef unsigned char fg_uint8x{n} __attribute__((vector_size({n})));",
+            f"static inline {m} fg_vloadb_{n}(const unsigned char* p) {{ fg_uint8x{n} b; memcpy(&b, p, sizeof b); "
+            f"return ({m})(__builtin_convertvector(b, {m}) != 0); }}",
             f"static inline void fg_vstore_{t}(float* p, {t} v) {{ memcpy(p, &v, sizeof v); }}"]
     # masked loads and stores (ir.Load.lanes): lanes lo <= i < hi, no memory touched outside them. AVX-512's and
     # AVX's masked moves where the compiler targets them, through the builtins gcc and clang both define (the mask is
@@ -705,7 +711,9 @@ class OpenCLRenderer(CStyleRenderer):
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)})({','.join(a)}))"
   def gep(self, a: str, lane: int) -> str: return f"{a}.s{lane:x}"
   def vconvert(self, a: str, d: VecDType) -> str: return f"convert_{self.vec_type(d)}({a})"
-  def vload_at(self, ptr: str, idx: str, d: VecDType) -> str: return f"vload{d.count}(0, {ptr}+{idx})"
+  def vload_at(self, ptr: str, idx: str, d: VecDType) -> str:
+    if d.scalar.is_bool: return f"(convert_int{d.count}(vload{d.count}(0, {ptr}+{idx})) != 0)"   # a lane mask
+    return f"vload{d.count}(0, {ptr}+{idx})"
   # vloadN may read any float's address, so it compiles to N scalar reads (ld.shared.f32 on NVIDIA); a pointer to the
   # vector type says the address is aligned: one 16-byte read (ld.shared.v4)
   def aligned_local(self, ptr: str, idx: str, d: VecDType) -> str:
