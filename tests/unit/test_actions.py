@@ -875,6 +875,29 @@ def test_bool_mask_read_as_a_condition_is_one_vector_load(rng):
     (np.testing.assert_array_equal if want.dtype == bool else _close)(run(item, opts, "CPU"), want)
 
 
+def test_float64_sums_take_vectors_of_doubles(rng):
+  """A float64 sum (a float32 one widened: tensor._moments' layer-norm statistics; a float64 tensor's) takes vectors
+  of half the native lanes, one register each, and VECTOR_ACCUMULATORS of them (passes.VECTOR_F64_OPS): float32
+  lanes widened by one conversion, float64 ones loaded whole. Before, its lanes were scalar doubles. Values as
+  numpy's float64 sums on the interpreter and compiled."""
+  from fusegrad.codegen.renderer.cstyle import CRenderer
+  from fusegrad.codegen import pipeline
+  caps = _avx512(rd.get("PYTHON").caps)
+  x = rng.standard_normal((64, 512)).astype(np.float32)
+  y = rng.standard_normal((64, 512))
+  for out, want, spelled in ((fg.Tensor(x).double().sum(1), x.astype(np.float64).sum(1), "__builtin_convertvector("),
+                             (fg.Tensor(y).sum(1), y.sum(1), "fg_vload_fg_float64x8(")):
+    item = one_kernel(out)
+    opts = tuple(heuristic.hand_coded(item.kernel, caps))
+    assert _upcasts(item.kernel, opts, caps) == [(512, 8), (64, heuristic.VECTOR_ACCUMULATORS)], opts
+    assert _first_vector_axis(item.kernel, opts, caps) == 8
+    p = pipeline.prepare(item.kernel, caps, opts)
+    src = CRenderer().render(p.kernel, p.listing)
+    assert "fg_float64x8 acc" in src and spelled in src, src[-2000:]
+    for dev in ("PYTHON", "CPU"):
+      np.testing.assert_allclose(run(item, opts, dev), want, rtol=1e-12, atol=1e-12)
+
+
 def test_heuristic_sums_few_columns_in_vectors(rng):
   """A sum over 256 rows into 32 columns (a small GPT's layernorm weight gradient) takes its columns in vectors
   however few work items that leaves (1 here), rather than reduction lanes gathered a row apart."""

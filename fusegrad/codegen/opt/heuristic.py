@@ -493,8 +493,11 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
     # (a length of whole vectors but no multiple of VECTOR_ACCUMULATORS of them takes as many accumulators as divide
     # it: a log-softmax's sum of exps over a vocabulary of 2000, 125 vectors of 16 in one accumulator, where scalar
     # lanes ran its exps 8 at a time: 1.15 -> 0.6 ms a call on [700, 2000])
-    accs = next((a for a in range(VECTOR_ACCUMULATORS, 0, -1) if w and size % (w * a) == 0), 0)
-    kv = _in_vectors(k, last, w, caps) if accs and size >= 4 * w * VECTOR_ACCUMULATORS else None
+    # (a float64 sum, a float32 one accumulated in float64 too: a layer norm's statistics, in vectors of half as many
+    # lanes, one register each: passes.VECTOR_F64_OPS)
+    wr = w // 2 if r.dtype is dt.float64 and w // 2 in caps.vector_widths else w
+    accs = next((a for a in range(VECTOR_ACCUMULATORS, 0, -1) if wr and size % (wr * a) == 0), 0)
+    kv = _in_vectors(k, last, wr, caps) if accs and size >= 4 * w * VECTOR_ACCUMULATORS else None
     if kv is not None:
       i = k.axis_index(last)
       k = kv

@@ -485,6 +485,11 @@ def _c_vectors(widths) -> str:
               f"static inline void fg_vstore_{v}({c}* p, {v} x) {{ memcpy(p, &x, sizeof x); }}"
               for v, c in ((m, "int32_t"), (f"fg_uint32x{n}", "uint32_t"))),
             f"static inline {t} fg_vload_{t}(const float* p) {{ {t} v; memcpy(&v, p, sizeof v); return v; }}",
+            # (float64 lanes: passes.VECTOR_F64_OPS, a float32 sum accumulated in float64)
+            f"typedef double fg_float64x{n} __attribute__((vector_size({8 * n})));",
+            f"static inline fg_float64x{n} fg_vload_fg_float64x{n}(const double* p) {{ fg_float64x{n} v; "
+            f"memcpy(&v, p, sizeof v); return v; }}",
+            f"static inline void fg_vstore_fg_float64x{n}(double* p, fg_float64x{n} v) {{ memcpy(p, &v, sizeof v); }}",
             # (n bools, one byte each, as a lane mask of -1 and 0: passes._masks' bool loads)
             f"typedef unsigned char fg_uint8x{n} __attribute__((vector_size({n})));",
             f"static inline {m} fg_vloadb_{n}(const unsigned char* p) {{ fg_uint8x{n} b; memcpy(&b, p, sizeof b); "
