@@ -547,7 +547,7 @@ def test_an_exp_row_operand_no_turned_tile_holds_is_stored(rng, fresh_caches):
     np.testing.assert_allclose(tv.grad.numpy(), p.swapaxes(-1, -2).sum(-1, keepdims=True).repeat(d, -1),
                                rtol=1e-4, atol=1e-4)
     return whys
-  wide = heuristic.accumulator_vectors(caps) + 4
+  wide = 16 * (heuristic.accumulator_vectors(caps) // 16 + 1)   # whole vectors of columns, more than the accumulators
   for d, stored in ((wide, True), (8, False)):
     whys = attend(d)
     assert any(w.startswith("tile_operands: a row operand computing an exp") for w in whys) == stored, (d, whys)

@@ -836,15 +836,15 @@ def test_heuristic_turns_a_tile_whose_rows_compute_an_exp(rng):
 
 def test_vector_lanes_go_where_they_save_most(rng):
   """passes.vector_axes takes first the UPCAST axis whose lanes save the most scalar work (passes.OP_WORK): of a tile
-  of 8 rows x 16 columns, the columns where the rows are plain loads (stride-1 column loads and stores), the rows
-  where each row value is an exp (8 vector exps per step instead of 8 x 8 scalar ones)."""
-  # (16 columns: a turned tile holds them, so the schedule keeps the exp fused: rules._turnable)
-  x, y = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 16)).astype(np.float32)
+  of 16 rows x 8 columns, the columns where the rows are plain loads (stride-1 column loads and stores), the rows
+  where each row value is an exp (one vector exp per step instead of 16 scalar ones)."""
+  # (8 columns: a turned tile holds them on AVX2 and AVX-512, so the schedule keeps the exp fused: rules._turnable)
+  x, y = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 8)).astype(np.float32)
   caps = _avx512(rd.get("PYTHON").caps)
   for rows, want, rows_first in ((fg.Tensor(x), x, False), (fg.Tensor(x).exp(), np.exp(x), True)):
-    item = one_kernel((rows.reshape(64, 32, 1) * fg.Tensor(y).reshape(1, 32, 16)).sum(1))
-    opts = [Opt(OptOp.UPCAST, 0, 8), Opt(OptOp.UPCAST, 2, 16)]
-    assert _first_vector_axis(item.kernel, opts, caps) == (8 if rows_first else 16)
+    item = one_kernel((rows.reshape(64, 32, 1) * fg.Tensor(y).reshape(1, 32, 8)).sum(1))
+    opts = [Opt(OptOp.UPCAST, 0, 16), Opt(OptOp.UPCAST, 2, 8)]
+    assert _first_vector_axis(item.kernel, opts, caps) == (16 if rows_first else 8)
     _close(run(item, tuple(opts)), want @ y)
     _close(run(item, tuple(opts), "CPU"), want @ y)
 
