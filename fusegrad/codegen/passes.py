@@ -269,7 +269,8 @@ def vector_axes(k: Kernel, caps, deps: dict) -> list:
   """The UPCAST axes expand turns into vector values, in the order it does: of those whose size is a vector width
   of the device, the one whose lanes save most work first (`_vector_saving`), then most loads and stores stepping
   along them by 1 (the last on a tie), each when every value
-  along it is a float32 load, arithmetic op, comparison read as a condition (`_masks`) or reduction, and no value is
+  along it is a float32 load, arithmetic op, comparison read as a condition (`_masks`) or reduction (float64 ones
+  too where a vector of them fits a register: `_f64_lanes`), and no value is
   along an axis taken before (a softmax's max lanes, its sum's lanes and its output's lanes: three vectors). An
   axis after the first needs a stride-1 load or store (else its lanes as scalars are as good). Values after an
   axis's reductions (an epilogue: a mask, a transcendental function) may be anything: they run lane by lane.
