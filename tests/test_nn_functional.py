@@ -287,6 +287,31 @@ def test_loss_modules(i, rng):
   run(lambda F, c, x, t: ours(x, t) if F is FF else theirs(x, t), [x], [t], "CPU", rng)
 
 
+@pytest.mark.parametrize("classes_", [5, 1100])
+def test_class_loss_with_every_target_ignored(classes_, rng):
+  """Every target ignore_index: the mean's loss is 0 / 0 = NaN and its gradient 0, as PyTorch's (a plain division gave
+  NaN gradients: the ignored terms' zero weights times the division's infinite derivative), with and without class
+  weights and label smoothing, and through the gathered targets of a vocabulary (1100 classes)."""
+  x = rng.standard_normal((6, classes_)).astype(np.float32)
+  t = np.full(6, 3)
+  w = rng.uniform(0.2, 2.0, classes_).astype(np.float32)
+  for kw in ({}, {"weight": w}, {"label_smoothing": 0.1}, {"weight": w, "label_smoothing": 0.2}):
+    grads = []
+    for L, T in ((FF, fg.tensor), (TF, torch.tensor)):
+      xt = T(x, requires_grad=True)
+      loss = L.cross_entropy(xt, T(t), ignore_index=3, **{k: T(v) if k == "weight" else v for k, v in kw.items()})
+      loss.backward()
+      assert np.isnan(float(loss.item())), kw
+      grads.append(xt.grad.numpy())
+    np.testing.assert_array_equal(grads[0], grads[1])
+    np.testing.assert_array_equal(grads[0], np.zeros_like(x))
+  # one target counted: the mean and its gradient as before
+  t[2] = 1
+  xs = [fg.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)]
+  for L, T, xt in ((FF, fg.tensor, xs[0]), (TF, torch.tensor, xs[1])): L.cross_entropy(xt, T(t), ignore_index=3).backward()
+  np.testing.assert_allclose(xs[0].grad.numpy(), xs[1].grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_loss_errors():
   x, t = np.zeros((3, 4), np.float32), np.zeros(3, np.int64)
   for L, T in ((TF, torch.tensor), (FF, fg.tensor)):

@@ -770,15 +770,18 @@ def _class_loss(logp: Tensor, target: Tensor, weight, ignore_index: int, reducti
   cls = fg.arange(C, device=logp.device).reshape(1, C, *extra)
   onehot = target.unsqueeze(1) == cls                                     # [N, C, *]
   wc = weight.reshape(1, C, *extra)._cast(logp.dtype) if weight is not None else None
+  # (an ignored target's terms are selected away, not multiplied by 0: with every target ignored the mean is 0 / 0,
+  # NaN as PyTorch's, and the division's infinite derivative times 0 made every logit's gradient NaN where PyTorch's
+  # is 0)
   if picked is not None:
-    nll = -picked * valid
+    nll = where(valid, -picked, 0)
   else:
     picked = where(onehot, logp, 0)
     if wc is not None: picked = picked * wc
-    nll = -picked.sum(1) * valid                                          # [N, *]
+    nll = where(valid, -picked.sum(1), 0)                                 # [N, *]
   wt = (where(onehot, wc, 0).sum(1) * valid) if wc is not None else valid._cast(logp.dtype)
   if label_smoothing > 0:
-    sm = -((logp * wc) if wc is not None else logp).sum(1) * valid
+    sm = where(valid, -((logp * wc) if wc is not None else logp).sum(1), 0)
     if reduction == "mean": out = (1 - label_smoothing) * nll.sum() / wt.sum() + label_smoothing / C * sm.sum() / wt.sum()
     elif reduction == "sum": out = (1 - label_smoothing) * nll.sum() + label_smoothing / C * sm.sum()
     else: out = (1 - label_smoothing) * nll + label_smoothing / C * sm
