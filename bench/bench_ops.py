@@ -119,6 +119,11 @@ def th_embed_train(w, idx, g):
   return w.grad
 
 
+def fg_embed(w, idx): return fg.nn.functional.embedding(idx, w)   # a language model's token lookup
+def np_embed(w, idx): return w[idx]
+def th_embed(w, idx): return torch.nn.functional.embedding(idx, w)
+
+
 def fg_weight_grad(g, x): return g.T @ x   # a Linear layer's weight gradient over a batch of tokens
 def np_weight_grad(g, x): return g.T @ x
 def th_weight_grad(g, x): return g.T @ x
@@ -178,6 +183,8 @@ def cases(quick: bool):
     out.append((f"cross_entropy {N}x{V}, forward+backward", (fg_xent_train, None, th_xent_train),
                 (r(N, V), rng.integers(0, V, N)), dict(rtol=1e-4, atol=1e-6)))
     V, T, D = (5000, 256, 64) if quick else (50257, 2048, 768)   # GPT-2's vocabulary and width
+    out.append((f"embedding {V}x{D} over {T} tokens", (fg_embed, np_embed, th_embed), (r(V, D), rng.integers(0, V, T)),
+                dict(rtol=0, atol=0)))
     out.append((f"embedding {V}x{D} over {T} tokens, backward", (fg_embed_train, None, th_embed_train),
                 (r(V, D), rng.integers(0, V, T), r(T, D)), dict(rtol=1e-4, atol=1e-4)))
   return out

@@ -363,17 +363,39 @@ def _f64_lanes(v, u) -> bool:
   return isinstance(v, Alu) and (v.op in VECTOR_F64_OPS or (v.op == "CAST" and v.src[0].dtype is dt.float32))
 
 
+def _contiguous_base(x, u, on_u):
+  """The value at lane 0 of u of an integer value x that steps by exactly 1 per lane of u (a gathered row's position:
+  its start, a value of the row's index, plus the position along the row), else None. on_u: does a value depend on
+  u?"""
+  if isinstance(x, Index):
+    if _stride(x.idx, u) != 1 or u in x.valid.variables(): return None
+    return Index(sym.substitute(x.idx, {u: sym.const(0)}), x.valid, x.dtype)
+  if not isinstance(x, Alu): return None
+  if x.op == "CAST" and x.dtype.is_int and x.src[0].dtype.is_int and x.dtype.itemsize >= x.src[0].dtype.itemsize:
+    b = _contiguous_base(x.src[0], u, on_u)
+    return None if b is None else Alu("CAST", x.dtype, (b,))
+  if x.op == "ADD" and on_u(x.src[0]) != on_u(x.src[1]):
+    i = 0 if on_u(x.src[0]) else 1
+    b = _contiguous_base(x.src[i], u, on_u)
+    return None if b is None else Alu("ADD", x.dtype, tuple(b if j == i else c for j, c in enumerate(x.src)))
+  return None
+
+
 def _vector_region(u, vals: list, deps: dict, masks: set, f64: bool = False) -> set | None:
   """ids of the values along axis u (depending on it, or reducing over it), or None when one of those that must be
-  a vector op is not one (float64 values only where `f64`: _f64_lanes)."""
+  a vector op is not one (float64 values only where `f64`: _f64_lanes; a float32 gather only where its position
+  steps by 1 along u, _contiguous_base, the integer values computing that position then being no vector values)."""
   on_u = lambda v: u in deps[id(v)] or (isinstance(v, Reduce) and u in v.loops)
   reduces = [v for v in vals if isinstance(v, Reduce) and on_u(v)]
   inside = {id(x) for r in reduces for x in toposort((r.src,) + r.more)} | {id(r) for r in reduces}
+  rows = {id(v) for v in vals if isinstance(v, Gather) and v.dtype is dt.float32 and on_u(v) and
+          _contiguous_base(v.src, u, on_u) is not None}
+  positions = {id(x) for v in vals if id(v) in rows for x in toposort([v.src])}
   region = set()
   for v in vals:
     if not on_u(v): continue
     region.add(id(v))
-    if (reduces and id(v) not in inside) or id(v) in masks: continue
+    if (reduces and id(v) not in inside) or id(v) in masks or id(v) in rows or id(v) in positions: continue
     if _int_lanes(v, u) or (isinstance(v, Alu) and v.op == "CAST" and v.dtype is dt.float32 and
                             _int_lanes(v.src[0], u)):
       continue
@@ -520,9 +542,14 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
           for i in range(1, n): r = Alu(FOLD_OP[v.op], v.dtype, (r, Gep(acc, i, v.dtype)))
           if outer: r = Reduce(v.op, v.dtype, outer, r)
     elif isinstance(v, Gather):
-      src = vz(v.src)
-      r = tuple(Gather(v.buf, v.size, lane(src, i), v.dtype) for i in range(n)) if isvec(src) or islanes(src) else \
-          Gather(v.buf, v.size, src, v.dtype)
+      on_u = lambda x: u in deps[id(x)]
+      base = _contiguous_base(v.src, u, on_u) if v.dtype is dt.float32 and on_u(v) else None
+      if base is not None:   # u's lanes at consecutive positions: one vector (each lane 0 outside the buffer)
+        r = Gather(v.buf, v.size, vz(base), vd)
+      else:
+        src = vz(v.src)
+        r = tuple(Gather(v.buf, v.size, lane(src, i), v.dtype) for i in range(n)) if isvec(src) or islanes(src) else \
+            Gather(v.buf, v.size, src, v.dtype)
     else: raise AssertionError(f"not vectorizable: {type(v).__name__}")   # vector_axes admitted only those above
     memo[id(v)] = r
     return r

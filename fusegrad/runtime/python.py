@@ -252,6 +252,8 @@ class Interpreter:
     if isinstance(v, Valid): return np.asarray(sym.evaluate_cond(v.cond, env))
     if isinstance(v, Gather):
       pos = np.asarray(a[0]).astype(np.int64)
+      if isinstance(v.dtype, VecDType):   # lanes at consecutive positions from the item's own
+        pos = np.broadcast_to(pos, (n,))[:, None] + np.arange(v.dtype.count)
       ok = (pos >= 0) & (pos < v.size)
       x = bufs[v.buf][np.where(ok, pos, 0)] if v.size else np.zeros(pos.shape, bufs[v.buf].dtype)
       if v.dtype == dt.bfloat16: x = _bf16_to_f32(x)

@@ -898,6 +898,51 @@ def test_float64_sums_take_vectors_of_doubles(rng):
       np.testing.assert_allclose(run(item, opts, dev), want, rtol=1e-12, atol=1e-12)
 
 
+def test_gathered_rows_are_vector_loads(rng):
+  """An embedding lookup's rows: each position the row's start (an index read from memory) plus the position along
+  the row, one step a lane (passes._contiguous_base), so its lanes are one vector gather (`fg_vgather_N`: one vector
+  load where every lane is inside the table, else lane by lane with 0 outside) rather than a scalar loop. Values equal
+  numpy's on the interpreter, compiled, and on the OPENCL device through its own spelling; the C helper zeroes the
+  lanes past the buffer's end."""
+  import ctypes, subprocess, tempfile, os
+  from fusegrad.codegen.renderer.cstyle import CRenderer, _C_PRELUDE
+  from fusegrad.codegen import pipeline
+  from fusegrad.runtime.cpu import find_compiler, compiler_flags
+  import fusegrad.nn.functional as F
+  from tests.conftest import DEVICES
+  table, idx = rng.standard_normal((50, 64)).astype(np.float32), rng.integers(0, 50, 40)
+  caps = _avx512(rd.get("PYTHON").caps)
+  for dev in DEVICES:
+    item = one_kernel(F.embedding(fg.Tensor(idx, device=dev), fg.Tensor(table, device=dev)))
+    opts = tuple(heuristic.hand_coded(item.kernel, caps if dev != "OPENCL" else rd.get(dev).caps))
+    if dev != "OPENCL":
+      assert _first_vector_axis(item.kernel, opts, caps) == 16, opts
+      p = pipeline.prepare(item.kernel, caps, opts)
+      src = CRenderer().render(p.kernel, p.listing)
+      assert "fg_vgather_fg_float32x16(" in src[src.index("void " + item.kernel.name):], src[-1500:]
+    else:
+      w = max(rd.get(dev).caps.vector_widths)
+      opts = (Opt(OptOp.UPCAST, 1, w),)
+      assert f"vload{w}(" in rd.get(dev).compile_with(item.kernel, opts).source
+    np.testing.assert_array_equal(run(item, opts, dev), table[idx])
+  # the helper's lanes past the end: a C probe over the prelude
+  probe = _C_PRELUDE + """
+void probe(float* out, const float* p, long long i, long long size) { fg_float32x16 v = fg_vgather_fg_float32x16(p, i, size);
+  memcpy(out, &v, sizeof v); }"""
+  with tempfile.TemporaryDirectory() as d:
+    so = os.path.join(d, "probe.so")
+    subprocess.run([find_compiler()[0], *compiler_flags(), "-x", "c", "-", "-o", so, "-lm"], input=probe, text=True,
+                   check=True, capture_output=True)
+    lib = ctypes.CDLL(so)
+    buf = np.arange(20, dtype=np.float32) + 1
+    for i in (0, 4, 10, -3):
+      out = np.zeros(16, np.float32)
+      lib.probe(out.ctypes.data_as(ctypes.c_void_p), buf.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(i),
+                ctypes.c_longlong(20))
+      pos = np.arange(i, i + 16)
+      np.testing.assert_array_equal(out, np.where((pos >= 0) & (pos < 20), buf[np.clip(pos, 0, 19)], 0))
+
+
 def test_heuristic_sums_few_columns_in_vectors(rng):
   """A sum over 256 rows into 32 columns (a small GPT's layernorm weight gradient) takes its columns in vectors
   however few work items that leaves (1 here), rather than reduction lanes gathered a row apart."""

@@ -100,6 +100,9 @@ class CStyleRenderer:
     return f"fg_vload_{self.vec_type(d)}({ptr}+{idx})"
   def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str:
     return f"fg_vstore_{self.vec_type(d)}(b{buf}+{idx}, {val});"
+  # a gathered vector (passes._contiguous_base): lanes at positions i .. i+n-1 of a buffer of size elements, each 0
+  # outside it (one vector load where all are inside)
+  def vgather(self, buf: int, i: str, size: int, d: VecDType) -> str: return f"fg_vgather_{self.vec_type(d)}(b{buf}, {i}, {size})"
   # a masked load or store (ir.Load.lanes): only lanes lo <= i < hi (Caps.masked_vectors: the C renderer's)
   def vload_masked(self, buf: int, idx: str, d: VecDType, lo: str, hi: str) -> str:
     return f"fg_vloadm_{self.vec_type(d)}(b{buf}+{idx}, {lo}, {hi})"
@@ -185,6 +188,7 @@ class CStyleRenderer:
     if isinstance(v, Const): return self.literal(v.value, v.dtype)
     if isinstance(v, Param): return f"p{v.slot}"
     if isinstance(v, Gather):
+      if isinstance(v.dtype, VecDType): return self.vgather(v.buf, a[0], v.size, v.dtype)
       return f"(({a[0]})>=0&&({a[0]})<{v.size}?{self.load(v.buf, a[0], v.dtype)}:{self.literal(0, v.dtype)})"
     if isinstance(v, Index):
       e = f"({self.reg_type(v.dtype)})({self.idx(v.idx)})"
@@ -494,7 +498,12 @@ def _c_vectors(widths) -> str:
             f"typedef unsigned char fg_uint8x{n} __attribute__((vector_size({n})));",
             f"static inline {m} fg_vloadb_{n}(const unsigned char* p) {{ fg_uint8x{n} b; memcpy(&b, p, sizeof b); "
             f"return ({m})(__builtin_convertvector(b, {m}) != 0); }}",
-            f"static inline void fg_vstore_{t}(float* p, {t} v) {{ memcpy(p, &v, sizeof v); }}"]
+            f"static inline void fg_vstore_{t}(float* p, {t} v) {{ memcpy(p, &v, sizeof v); }}",
+            f"static inline {t} fg_vgather_{t}(const float* p, long long i, long long size) {{\n"
+            f"  if (i >= 0 && i + {n} <= size) return fg_vload_{t}(p + i);\n"
+            f"  {t} v = ({t}){{0}};\n"
+            f"  for (int k = 0; k < {n}; k++) if (i + k >= 0 && i + k < size) v[k] = p[i + k];\n"
+            f"  return v;\n}}"]
     # masked loads and stores (ir.Load.lanes): lanes lo <= i < hi, no memory touched outside them. AVX-512's and
     # AVX's masked moves where the compiler targets them, through the builtins gcc and clang both define (the mask is
     # loop-invariant: hoisted out of a reduction loop); <immintrin.h> is not included: parsing it added ~0.1 s to
@@ -719,6 +728,10 @@ class OpenCLRenderer(CStyleRenderer):
   def vload_at(self, ptr: str, idx: str, d: VecDType) -> str:
     if d.scalar.is_bool: return f"(convert_int{d.count}(vload{d.count}(0, {ptr}+{idx})) != 0)"   # a lane mask
     return f"vload{d.count}(0, {ptr}+{idx})"
+  def vgather(self, buf: int, i: str, size: int, d: VecDType) -> str:
+    n = d.count
+    lanes = ",".join(f"(({i})+{k}>=0&&({i})+{k}<{size}?b{buf}[({i})+{k}]:0.0f)" for k in range(n))
+    return f"((({i})>=0&&({i})+{n}<={size})?vload{n}(0, b{buf}+({i})):(({self.vec_type(d)})({lanes})))"
   # vloadN may read any float's address, so it compiles to N scalar reads (ld.shared.f32 on NVIDIA); a pointer to the
   # vector type says the address is aligned: one 16-byte read (ld.shared.v4)
   def aligned_local(self, ptr: str, idx: str, d: VecDType) -> str:
