@@ -218,15 +218,21 @@ VECTOR_INTS = (dt.uint32, dt.int32)
 VECTOR_CMPS = frozenset({"CMPLT", "CMPLE", "CMPEQ", "CMPNE"})
 
 
+def _uses(vals: list) -> dict:
+  """id of a value -> [(a value reading it, which operand), ...] over vals."""
+  uses: dict = {}
+  for v in vals:
+    for i, c in enumerate(children(v)): uses.setdefault(id(c), []).append((v, i))
+  return uses
+
+
 def _masks(roots: list, stores: list) -> set:
   """ids of the comparisons of float32 values, and of the loads of bools, that every use reads as a condition: each
   is a WHERE's condition or a CAST to float32 (a relu, its gradient's `x > 0`; attention's causal mask read from
   memory). As vectors they are lane masks (a bool load: its bytes widened to one); any other use (a store, a logical
   op, a reduction) leaves them scalar lanes."""
   vals = toposort(roots)
-  uses: dict = {}
-  for v in vals:
-    for i, c in enumerate(children(v)): uses.setdefault(id(c), []).append((v, i))
+  uses = _uses(vals)
   stored = {id(st.value) for st in stores}
   reads = lambda p, i: isinstance(p, Alu) and p.dtype is dt.float32 and ((p.op == "WHERE" and i == 0) or p.op == "CAST")
   return {id(v) for v in vals if ((isinstance(v, Alu) and v.op in VECTOR_CMPS and
@@ -242,9 +248,7 @@ def _lane_valids(vals: list, u) -> set:
   (ir.guard), `r < 300` for r = 16 * b + u. As vectors each is one lane mask, `lane < 300 - 16 * b` (_lane_mask),
   so the select is a vector select. (Elsewhere, a padding's select of 0 around a load that is gathered lane by
   lane anyway, the output axis takes no vectors for it: a padded row's index divided per lane.)"""
-  uses: dict = {}
-  for v in vals:
-    for i, c in enumerate(children(v)): uses.setdefault(id(c), []).append((v, i))
+  uses = _uses(vals)
   out = set()
   for v in vals:
     if not isinstance(v, Valid) or u not in v.cond.variables(): continue

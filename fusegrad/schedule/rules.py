@@ -616,7 +616,7 @@ def _expensive(n: Node, is_leaf) -> bool:
 
 def _turnable(device: str, col) -> bool:
   """Can the heuristic's turned tile (heuristic._turned_tile: the rows in vector lanes, all the columns as
-  accumulators) hold this product's columns on k's device? Without it, a row operand computing an exp per element is
+  accumulators) hold this product's columns on the device? Without it, a row operand computing an exp per element is
   vectorized across rows by gathers, with one accumulator per column: attention's softmax fused into p @ v over a head
   of 32 dims (32 accumulators of 8 lanes, spilled) ran 4x slower than the plain product of the stored softmax (2-core
   Xeon, AVX-512: [128 heads, 64, 64] @ [64, 32] 550 -> 135 us, the softmax stored in 95 us). Devices without register
