@@ -134,8 +134,9 @@ def _alu_rule(op, inputs, out, g):
     return (g * (4 * e / ((1 + e) * (1 + e))),)
   if op == "ERF": return (g * (2 / math.sqrt(math.pi)) * (-(a * a)).exp(),)
   if op == "ATAN": return (g / (1 + a * a),)
-  if op == "ATAN2":   # atan2(a, b): d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2)
-    r = g / (a * a + b * b)
+  if op == "ATAN2":   # atan2(a, b): d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2); 0 where a^2 + b^2 is 0 (torch's)
+    d = a * a + b * b
+    r = where(d == 0, 0.0, g / d)
     return r * b, -r * a
   if op == "RECIP": return (-g * out * out,)
   if op == "ABS": return (g * a.sign(),)
@@ -726,8 +727,13 @@ def _template_key(order, ins_of: dict, outputs, grad_outputs):
     return None
   # every constant's exact value, a realized one's too (its structure says "input": node.alu still folds it)
   consts = tuple((i, n.op, _exact(n.arg)) for i, n in enumerate(nodes) if n.op in ("CONST", "IOTA"))
+  # and every view's offset into a realized buffer, which the structure leaves out (a kernel takes it as an
+  # argument): a rule's new view of such a view (a matmul's x.T of a batch sliced from a dataset) composes into one
+  # view of the buffer with that offset in it, which the template would make again for the next batch's slice
+  offsets = tuple((i, n.arg.offset) for i, n in enumerate(nodes)
+                  if n.op == "VIEW" and n.buffer is None and n.src[0].buffer is not None)
   outs = tuple((opos.get(id(o), -1), pos[id(g.node)]) for o, g in zip(outputs, grad_outputs))
-  return (skey, consts, tuple(parts), outs, dt.default_float), nodes
+  return (skey, consts, offsets, tuple(parts), outs, dt.default_float), nodes
 
 
 class _Template:

@@ -1296,3 +1296,35 @@ def test_index_put_repeated_position_gradients(rng):
   for got, want in zip(out[fg], out[torch]):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
   assert out[fg][2][0] == out[fg][2][1] == w[1, 3]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shift_counts_outside_the_width_as_torch(device):
+  """A shift by a count < 0 or >= the width: 0, but a negative signed value shifted right fills its sign (-1), as
+  PyTorch's; a count from a tensor (a kernel's value) and a Python count (a constant) alike."""
+  rng = np.random.default_rng()
+  for d, bits in (("int8", 8), ("int16", 16), ("int32", 32), ("int64", 64), ("uint8", 8)):
+    lo = 0 if d == "uint8" else -100
+    v = rng.integers(lo, 100, 16).astype(d)
+    s = rng.integers(-3, bits + 3, 16).astype(d)
+    for op in (lambda a, b: a >> b, lambda a, b: a << b):
+      want = op(torch.tensor(v), torch.tensor(s))
+      got = op(fg.tensor(v, device=device), fg.tensor(s, device=device))
+      np.testing.assert_array_equal(got.numpy(), want.numpy())
+      assert str(got.dtype).split(".")[-1] == d
+      for c in (bits, bits + 1, -1, 3):
+        np.testing.assert_array_equal(op(fg.tensor(v, device=device), c).numpy(), op(torch.tensor(v), c).numpy())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_atan2_gradient_at_the_origin_is_zero(device):
+  rng = np.random.default_rng()
+  a0 = np.concatenate([[0.0, 1.0, 0.0], rng.standard_normal(5)]).astype(np.float32)
+  b0 = np.concatenate([[0.0, 0.0, 1.0], rng.standard_normal(5)]).astype(np.float32)
+  out = {}
+  for L in (torch, fg):
+    a, b = L.tensor(a0, requires_grad=True), L.tensor(b0, requires_grad=True)
+    L.atan2(a, b).sum().backward()
+    out[L] = (a.grad.numpy(), b.grad.numpy())
+  for got, want in zip(out[fg], out[torch]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

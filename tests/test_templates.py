@@ -122,6 +122,34 @@ def test_changing_constants_reach_the_gradient(op, device):
   assert _hits() - before >= 2
 
 
+
+def test_batches_sliced_from_a_dataset_tensor_get_their_own_gradients(device):
+  # each step's batch is a view of one realized tensor at another offset (the structure keys such a view without
+  # its offset): a rule's view of it (a matmul's x.T) has the offset in it, so a template made for one batch must not
+  # serve the next (it gave every step the first batch's weight gradient)
+  rng = np.random.default_rng()
+  data, w0 = rng.standard_normal((40, 10), dtype=np.float32), rng.standard_normal((4, 10), dtype=np.float32)
+  d = fg.tensor(data, device=device)
+  for i in (0, 1, 2, 1, 3):
+    w = fg.tensor(w0, device=device, requires_grad=True)
+    (d[i * 8:(i + 1) * 8] @ w.T).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), np.broadcast_to(data[i * 8:(i + 1) * 8].sum(0), (4, 10)),
+                               rtol=1e-5, atol=1e-5)
+  # a training loop over such batches follows PyTorch's step for step
+  y = rng.integers(0, 3, 40)
+  lins = []
+  for L in (torch, fg):
+    lin = L.nn.Linear(10, 3)
+    with L.no_grad():
+      lin.weight.copy_(L.tensor(w0[:3])); lin.bias.zero_()
+    opt = L.optim.SGD(lin.parameters(), lr=0.1)
+    x, t = L.tensor(data), L.tensor(y)
+    for i in range(5):
+      loss = L.nn.functional.cross_entropy(lin(x[i * 8:(i + 1) * 8]), t[i * 8:(i + 1) * 8])
+      opt.zero_grad(); loss.backward(); opt.step()
+    lins.append(lin.weight.detach().numpy())
+  np.testing.assert_allclose(lins[1], lins[0], rtol=1e-5, atol=1e-6)
+
 def test_second_backward_through_a_freed_graph_raises_on_the_template_path():
   rng = np.random.default_rng()
   w = fg.tensor(rng.standard_normal((5, 5), dtype=np.float32), requires_grad=True)

@@ -57,10 +57,15 @@ def _max(a, b):
 
 
 def _shift(f):
+  """A shift by a count outside [0, bits) as torch's: 0, and for a right shift of a negative signed value -1 (its
+  sign filled in)."""
   def g(a, b):
-    bits = np.asarray(a).dtype.itemsize * 8
+    a = np.asarray(a)
+    bits = a.dtype.itemsize * 8
+    out = np.where(a < 0, -1, 0).astype(a.dtype) if f is np.right_shift and np.issubdtype(a.dtype, np.signedinteger) \
+        else 0
     with np.errstate(all="ignore"):
-      return np.where((b < 0) | (b >= bits), 0, f(a, np.clip(b, 0, bits - 1).astype(np.asarray(a).dtype)))
+      return np.where((b < 0) | (b >= bits), out, f(a, np.clip(b, 0, bits - 1).astype(a.dtype)))
   return g
 
 

@@ -167,7 +167,8 @@ class CStyleRenderer:
     if op in ("SHL", "SHR"):
       bits = sd.itemsize * 8
       o = "<<" if op == "SHL" else ">>"
-      return f"(({a[1]})<0||({a[1]})>={bits}?0:({self.reg_type(sd)})({a[0]}{o}{a[1]}))"
+      out = f"(({a[0]})<0?-1:0)" if op == "SHR" and sd.is_int and not sd.is_unsigned else "0"   # (torch's)
+      return f"(({a[1]})<0||({a[1]})>={bits}?{out}:({self.reg_type(sd)})({a[0]}{o}{a[1]}))"
     if op == "WHERE": return f"({a[0]}?{a[1]}:{a[2]})"
     raise NotImplementedError(f"{self.name} renderer has no spelling for {op}")
 
