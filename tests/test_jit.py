@@ -429,3 +429,72 @@ def test_what_a_replay_cannot_follow_is_refused_at_capture(rng):
   returns_number(x, y)
   with pytest.raises(RuntimeError, match="returns a Python value"):
     returns_number(x, y)
+
+
+TEMPERATURE = 1.0
+
+
+def test_a_python_number_changed_between_calls_is_followed(rng):
+  """A replay runs none of the step's Python: a global it names that the caller changes between calls drops the
+  capture (the call runs eagerly and captures again) instead of being replayed with the capture's value."""
+  global TEMPERATURE
+  step = fg.jit(lambda x: (x / TEMPERATURE).sum())
+  for t in (1.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 3.0, 0.5):
+    TEMPERATURE = t
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(step(fg.tensor(x)).item(), (x / t).sum(), rtol=1e-5, atol=1e-5)
+
+
+def test_module_settings_and_frozen_parameters_are_followed(rng):
+  """A layer frozen between calls (requires_grad_(False)) is not updated by later replays, and a dropout's p
+  changed between calls takes effect, as in eager."""
+  fg.manual_seed(0)
+  model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.0), nn.Linear(8, 3))
+  opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+  @fg.jit
+  def step(x, y):
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+  data = [(fg.tensor(rng.standard_normal((16, 6)).astype(np.float32)), fg.tensor(rng.integers(0, 3, 16)))
+          for _ in range(8)]
+  for x, y in data[:4]: step(x, y)
+  model[0].weight.requires_grad_(False)
+  model[0].bias.requires_grad_(False)
+  frozen = model[0].weight.numpy().copy()
+  last = model[3].weight.numpy().copy()
+  for x, y in data[4:6]: step(x, y)
+  np.testing.assert_array_equal(model[0].weight.numpy(), frozen)
+  assert not np.array_equal(model[3].weight.numpy(), last)
+  # dropout switched on: about half of the hidden units are zeroed, so the replayed losses change
+  model.eval()
+  x, y = data[6]
+  plain = F.cross_entropy(model(x), y).item()
+  model.train()
+  model[2].p = 1.0   # every unit dropped: the logits are the last layer's bias alone (before the step's update)
+  want = F.cross_entropy(model[3].bias.detach().reshape(1, 3).expand(16, 3), y).item()
+  got = step(x, y).item()
+  assert abs(got - plain) > 1e-6
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_from_numpy_inputs_replay_and_follow_their_array(rng):
+  """fusegrad.from_numpy shares the array: a replayed step (the eager trace, and fusegrad.jit) reads it, and an
+  in-place change of the array between calls reaches the result."""
+  w = fg.tensor(rng.standard_normal((3, 4)).astype(np.float32))
+  a = rng.standard_normal((2, 4)).astype(np.float32)
+  x = fg.from_numpy(a)
+  step = lambda t: F.linear(t, w).relu().sum()
+  jstep = fg.jit(step)
+  for _ in range(6):
+    a[:] = rng.standard_normal((2, 4)).astype(np.float32)
+    want = np.maximum(a @ w.numpy().T, 0).sum()
+    np.testing.assert_allclose(step(x).item(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jstep(x).item(), want, rtol=1e-5, atol=1e-5)
+    b = rng.standard_normal((2, 4)).astype(np.float32)   # a fresh array each call too
+    np.testing.assert_allclose(step(fg.from_numpy(b)).item(), np.maximum(b @ w.numpy().T, 0).sum(), rtol=1e-5,
+                               atol=1e-5)

@@ -136,10 +136,20 @@ def check_read(t) -> None:
 
 def note_module(m) -> None:
   """Module.__call__: the module's training mode selects the step's kernels (dropout, batch statistics); a
-  replay is valid only while it is the mode the capture ran the module in (unless the step itself set it)."""
+  replay is valid only while it is the mode the capture ran the module in (unless the step itself set it), and
+  while its Python settings (a dropout's p, an eps) and which of its parameters need a gradient are the capture's."""
   rec = getattr(_local, "rec", None)
-  if rec is not None and rec.recording and id(m) not in rec.mode_set and id(m) not in rec.modes:
-    rec.modes[id(m)] = (weakref.ref(m), m.training)
+  if rec is None or not rec.recording: return
+  if id(m) not in rec.mode_set and id(m) not in rec.modes: rec.modes[id(m)] = (weakref.ref(m), m.training)
+  if id(m) not in rec.module_states: rec.module_states[id(m)] = (weakref.ref(m), _module_state(m))
+
+
+def _module_state(m) -> tuple:
+  """What of a module the step's graph was built from besides its tensors and mode: its Python numbers and
+  strings, and which of its own parameters require a gradient."""
+  d = m.__dict__
+  return (tuple((k, v) for k, v in d.items() if k != "training" and isinstance(v, _SCALARS)),
+          tuple((k, p is not None and p.requires_grad) for k, p in d.get("_parameters", {}).items()))
 
 
 def note_mode_set(modules) -> None:
@@ -176,6 +186,7 @@ class _Recorder:
     self.snap = _snapshot() if recording else {}
     self.error: "str | None" = None
     self.modes: dict = {}        # id(module) -> (weakref, training) for modules called in a mode the step did not set
+    self.module_states: dict = {}   # id(module) -> (weakref, _module_state at its first call) for modules called
     self.mode_set: set = set()
 
   def check_python(self) -> None:
@@ -295,6 +306,20 @@ def _run(fn, args, kwargs, rec: _Recorder):
     if rec.modes:
       modes = list(rec.modes.values())
       rec.guards.append(lambda: all(m() is None or m().training == t for m, t in modes))
+    # the Python numbers the step names and the modules' settings: a replay runs none of the Python that read them,
+    # so a value changed between calls (a global temperature, a dropout's p, a layer frozen by requires_grad_)
+    # drops the capture, and the call runs eagerly and captures again
+    selfarg = args[:1] if args and not isinstance(args[0], Tensor) else ()
+    names = _python_scalars(fn, selfarg)
+    rec.guards.append(lambda: _same_scalars(names, _python_scalars(fn, selfarg)))
+    mods = list(rec.module_states.values())
+    for ref, st in mods:
+      m = ref()
+      if m is not None and _module_state(m) != st:
+        raise RuntimeError(f"fusegrad.jit: the step changed the settings of a {type(m).__name__} it called "
+                           f"({st} -> {_module_state(m)}); a replay does not run the step's Python, so it would not "
+                           "change them again. Change them outside the jitted function")
+    rec.guards.append(lambda: all(r() is None or _module_state(r()) == st for r, st in mods))
   from fusegrad.graph import node as gn
   from fusegrad import alias
   for t in states:   # a realized constant would still fold into the next step's graph as a literal: make it data
@@ -303,6 +328,10 @@ def _run(fn, args, kwargs, rec: _Recorder):
 
 
 _SCALARS = (bool, int, float, complex, str, bytes)
+
+
+def _same_scalars(a: dict, b: dict) -> bool:
+  return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
 
 
 def _has_scalars(out) -> bool:

@@ -323,7 +323,9 @@ class CPUDevice(Device):
     block = batch.tmpl.copy()
     base = block.ctypes.data
     block[3 * c:4 * c] += base
-    if len(batch.pos): block[batch.pos] = np.array([h.addr for h in handles], dtype=np.int64)[batch.src]
+    if len(batch.pos):   # (a buffer over a user's numpy array, fusegrad.from_numpy: its handle is that array)
+      block[batch.pos] = np.array([h.addr if type(h) is Mem else h.ctypes.data for h in handles],
+                                  dtype=np.int64)[batch.src]
     job = _Job(c, base, base + 8 * 3 * c, base + 8 * c, base + 16 * c, SLICE_NS, 0, 0, 0)
     ref = ctypes.byref(job)
     try:
