@@ -223,6 +223,27 @@ def test_gan_steps_share_their_first_call(traced, rng):
   assert d["replays"] >= 8 and d["records"] <= 6, (d, list(trace.why))
 
 
+
+def test_gan_step_with_both_backwards_in_one_step(traced, rng):
+  """The generated batch is detached for the discriminator's backward and differentiated for the generator's in the
+  same step: the first backward did not reach its graph, so the replayed step's second backward goes through it
+  (it raised "backward through the graph a second time" from the first replay on)."""
+  zs = [rng.standard_normal((8, 5), dtype=np.float32) for _ in range(3)]
+  def make():
+    g, d = nn.Linear(5, 10), nn.Linear(10, 1)
+    return nn.ModuleList([g, d]), (fg.optim.SGD(g.parameters(), lr=0.05), fg.optim.SGD(d.parameters(), lr=0.05))
+  def body(ms, opts, i):
+    g, d = ms
+    fake = g(fg.tensor(zs[i % 3]))
+    l1 = d(fake.detach()).mean()
+    opts[1].zero_grad(); l1.backward(); opts[1].step()
+    l2 = d(fake).mean()
+    opts[0].zero_grad(); l2.backward(); opts[0].step()
+    return [np.float32(l1.item()), np.float32(l2.item())]
+  off, on, d = _run_both(traced, make, 8, body)
+  _assert_same(off, on)
+  assert d["replays"] >= 4, (d, list(trace.why))
+
 def test_a_step_that_reads_a_value_every_third_time(traced, rng):
   """A step that logs its gradient norm in the middle every third step (a realize the others do not have): the two
   variants become two branches of one family, both replayed."""

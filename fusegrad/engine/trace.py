@@ -142,13 +142,14 @@ def _branch(seg, pred) -> bool:
 
 class _Event:
   """One recorded call: key (compared), kind ("method", "fn", "update", "write", "backward"), its arguments' spec, the result's form and new slots, the writes it made, whether it reads the host."""
-  __slots__ = ("key", "kind", "spec", "form", "news", "writes", "host", "check", "leaves", "checks", "draws")
+  __slots__ = ("key", "kind", "spec", "form", "news", "writes", "host", "check", "leaves", "checks", "draws", "freed")
 
   def __init__(self, key, kind, spec):
     self.key, self.kind, self.spec = key, kind, spec
     self.form = self.check = None
     self.news = self.writes = self.leaves = self.checks = self.draws = ()
     self.host = False
+    self.freed = frozenset()   # a backward's: the slots whose graph it freed (a detached one's stays whole)
 
 
 class _PH:
@@ -847,10 +848,26 @@ def backward(t, retain_graph) -> bool:
       if type(g) is not _m["Tensor"] or _slot_of(seg, g) is not None: raise Untraceable("a gradient of another kind")
       leaves.append((i, _recorded_slot(seg, g), _meta(g), None if old is None else _ref(seg, old)))
     ev.leaves = tuple(leaves)
+    ev.freed = _freed_slots(seg)
     seg.events.append(ev)
   except Untraceable as e:
     _leave(seg, str(e))
   return True
+
+
+def _freed_slots(seg: Segment) -> frozenset:
+  """The slots (recording a step) whose autograd graph reaches a recipe a backward freed: a backward through them
+  raises, as torch's does (an LSTM's last hidden state, whose recipes the loss's backward went through); a graph
+  the backward did not reach stays whole (a GAN's generated batch, detached for the discriminator's backward, then
+  differentiated for the generator's)."""
+  autograd = _m["autograd"]
+  live = [(k, p) for k, w in seg.slots.values() if (p := w()) is not None and p._ctx is not None]
+  ins_of: dict = {}
+  hit: dict = {}
+  for t in autograd._toposort([p for _k, p in live], ins_of):   # (inputs first)
+    ctx = t._ctx
+    hit[id(t)] = ctx is not None and (ctx[3] is autograd._FREED or any(hit.get(id(i), False) for i in ins_of.get(id(t), ())))
+  return frozenset(k for k, p in live if hit.get(id(p), False))
 
 
 def _olds_match(seg: Segment, olds: list, leaves: tuple) -> bool:
@@ -1273,7 +1290,7 @@ def _launch(seg: Segment, tr: Trace) -> None:
   _unhide(seg)
   phs: dict = {}   # slot -> the tensors that stand for it now (an in-place op makes a tensor stand for its result)
   for k, w in seg.slots.values(): phs.setdefault(k, []).append(w)
-  freed = any(d[0].kind == "backward" and not d[0].key[2] for d in seg.done)
+  freed = frozenset().union(*(d[0].freed for d in seg.done if d[0].kind == "backward" and not d[0].key[2]))
   seg.launched = (tr, run, run.gen, freed)
   _depth[0] += 1     # (the writes below are the step's own, made now)
   try:
@@ -1288,7 +1305,7 @@ def _source(seg: Segment, src: tuple):
   return seg.done[src[1]][3][src[2]]
 
 
-def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict, freed: bool) -> None:
+def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict, freed: frozenset) -> None:
   alias, gn = _m["alias"], _m["gn"]
   written = {v[0]: v for v in seg.written.values()}
   for ident, how in tr.outs.items():
@@ -1305,14 +1322,15 @@ def _bind_all(seg: Segment, tr: Trace, made: list, phs: dict, freed: bool) -> No
       if value is not None and value._trace is not None: _bind(value, node, freed)
 
 
-def _bind(p, node, freed: bool) -> None:
+def _bind(p, node, freed: frozenset) -> None:
   """A placeholder the plan computed: its realized value. Its autograd graph, if it has one, is made when first
-  needed (its _ctx stays unset: `materialize`), unless a backward of the step freed it: a backward through it then
-  raises, as torch's does."""
+  needed (its _ctx stays unset: `materialize`), unless a backward of the step freed it (its slot is in `freed`: the
+  recording's backward went through it; a GAN's generated batch, detached for the discriminator's backward, is
+  not): a backward through it then raises, as torch's does."""
   autograd = _m["autograd"]
   p.node, p._alias = node, None
   if p.requires_grad and not p._trace.leaf:
-    if not freed: return
+    if p._trace.slot not in freed: return
     p._ctx = ("CONTIGUOUS", None, (), autograd._FREED, next(autograd._seq))
   else: p._ctx = None
   p._trace = None
