@@ -393,7 +393,7 @@ def median(self, dim=None, keepdim: bool = False):
   if dim is None:
     flat = self.reshape(-1)
     if flat.numel() == 0: return self._new(gn.const(math.nan, self.dtype, (), self.device))
-    return median(flat, 0).values
+    return _evenly(flat, median(flat, 0).values)
   d = _norm_dim(dim, self.ndim)
   n = self.shape[d] if self.ndim else 1
   if n == 0: raise IndexError(f"median(): Expected reduction dim {d} to have non-zero size.")
@@ -405,8 +405,21 @@ def median(self, dim=None, keepdim: bool = False):
   return ReturnMedian(v, i)
 
 
+def _evenly(flat: Tensor, v: Tensor) -> Tensor:
+  """v, a value of flat (its median), with PyTorch's gradient for the median of all elements: shared evenly by every
+  element equal to it (NaN: by the NaNs), where the index a median along a dim returns takes it all. The maximum
+  over those elements (the others at -inf; at +inf and the minimum where v is -inf) is v itself, and a max's gradient
+  is shared by its ties."""
+  if not (flat.requires_grad and autograd.grad_enabled()) or not flat.dtype.is_float: return v
+  vd = v.detach()
+  m = (flat == vd) | (flat.isnan() & vd.isnan())
+  return where(vd == -math.inf, where(m, flat, math.inf).min(), where(m, flat, -math.inf).max())
+
+
 def nanmedian(self, dim=None, keepdim: bool = False):
-  if dim is None: return nanmedian(self.reshape(-1), 0).values
+  if dim is None:
+    flat = self.reshape(-1)
+    return _evenly(flat, nanmedian(flat, 0).values)
   d = _norm_dim(dim, self.ndim)
   if not self.dtype.is_float: return median(self, d, keepdim)
   if self.ndim == 0: return ReturnMedian(self.clone(), self._new(gn.const(0, dt.int64, (), self.device)))
@@ -441,7 +454,8 @@ def unique(self, sorted: bool = True, return_inverse: bool = False, return_count
   input is read (realized) here."""
   a = self.detach().numpy() if self.dtype != dt.bfloat16 else self.detach().float().numpy()
   if dim is not None: d = _norm_dim(dim, self.ndim)
-  u, inv, cnt = np.unique(a, return_inverse=True, return_counts=True, axis=None if dim is None else d)
+  # each NaN its own value, as PyTorch's (NaN != NaN; numpy merges them by default)
+  u, inv, cnt = np.unique(a, return_inverse=True, return_counts=True, axis=None if dim is None else d, equal_nan=False)
   vals = Tensor(u, dtype=self.dtype, device=self.device)
   out = [vals]
   if return_inverse: out.append(Tensor(inv.reshape(self.shape if dim is None else (-1,)).astype(np.int64), device=self.device))

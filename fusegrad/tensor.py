@@ -521,11 +521,15 @@ class Tensor:
 
   # ---- binary ----
   def add(self, other, alpha=None):
-    if alpha is not None and _result_type(self, other) in HALF_FLOATS: return self._half_alpha("add", other, alpha)
-    if alpha is not None: other = other * alpha
+    if alpha is not None:
+      _check_alpha(self, other, alpha)
+      if _result_type(self, other) in HALF_FLOATS: return self._half_alpha("add", other, alpha)
+      if _result_type(self, other).is_bool: other = other * bool(alpha)   # (PyTorch casts alpha to the bool result)
+      else: other = other * alpha
     d = _result_type(self, other)
     return self._alu("OR" if d.is_bool else "ADD", other)
   def sub(self, other, alpha=None):
+    if alpha is not None: _check_alpha(self, other, alpha)
     if alpha is not None and _result_type(self, other) in HALF_FLOATS: return self._half_alpha("sub", other, alpha)
     if alpha is not None: other = other * alpha
     _check_sub(self, other)
@@ -749,7 +753,8 @@ class Tensor:
   def _inplace(self, r: "Tensor") -> "Tensor":
     if r.shape != self.shape:
       raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(r.shape)}")
-    if r.dtype != self.dtype and not (r.dtype.category <= self.dtype.category):
+    # (PyTorch's can_cast: bool < integer < float, signed and unsigned integers alike: uint8 += int32 wraps)
+    if r.dtype != self.dtype and (0, 1, 1, 2)[r.dtype.category] > (0, 1, 1, 2)[self.dtype.category]:
       raise RuntimeError(f"result type {r.dtype.name} can't be cast to the desired output type {self.dtype.name}")
     return self._assign(r._cast(self.dtype))
 
@@ -944,6 +949,8 @@ class Tensor:
     if self.ndim == 0: return x
     n = x.shape[d]
     if n <= 1: return x.clone()
+    if x.dtype in HALF_FLOATS:   # accumulated in float32, each output rounded once (PyTorch's)
+      return _scan_sum(x._cast(dt.float32).transpose(d, -1)).transpose(d, -1)._cast(x.dtype)
     return _scan_sum(x.transpose(d, -1)).transpose(d, -1)
   def cumprod(self, dim: int, dtype=None):
     d = _norm_dim(dim, self.ndim)
@@ -1309,6 +1316,13 @@ def _rev(o, like: Tensor) -> Tensor:
   """A reflected operand as a tensor of the promoted dtype (for 2 - x and friends)."""
   if isinstance(o, Tensor): return o
   return like._operand(o, _result_type(like, o))
+
+
+def _check_alpha(a, b, alpha) -> None:
+  """add/sub's alpha as PyTorch takes it: a float alpha into an integer or bool result is refused."""
+  d = _result_type(a, b)
+  if not d.is_float and isinstance(alpha, (float, np.floating)):
+    raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
 
 
 def _check_sub(a, b) -> None:
@@ -1729,7 +1743,8 @@ def _region(x: Tensor, bounds, steps, final_dims, shape):
         for d, st in enumerate(steps):
           k = abs(st)
           if k == 1: continue
-          t = t.unsqueeze(d + 1).pad(tuple([0, 0] * (t.ndim - d - 2) + [0, k - 1]))
+          t = t.unsqueeze(d + 1)
+          t = t.pad(tuple([0, 0] * (t.ndim - d - 2) + [0, k - 1]))   # (the new dim d + 1: t.ndim - d - 2 after it)
           t = t.flatten(d, d + 1)
           t = t.narrow(d, 0, (inner[d] - 1) * k + 1)
       if any(st < 0 for st in steps): t = t.flip(*[d for d, st in enumerate(steps) if st < 0])
@@ -2040,7 +2055,8 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     if not isinstance(t, Tensor):
       raise TypeError(f"expected Tensor as element {i} in argument 0, but got {type(t).__name__}")
   if not tensors: raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
-  # PyTorch skips 1-D empty tensors in cat
+  # PyTorch skips 1-D empty tensors in cat, but for the result's dtype
+  every = tensors
   ref = next((t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)), tensors[0])
   tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or [ref]
   d = _norm_dim(dim, ref.ndim)
@@ -2054,8 +2070,8 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
                          f"{[s for k, s in enumerate(t.shape) if k != d]} for tensor number {i} in the list.")
     if t.device != ref.device:
       raise RuntimeError(f"Expected all tensors to be on the same device, but found {ref.device} and {t.device}")
-  out_d = tensors[0].dtype
-  for t in tensors[1:]: out_d = dt.promote_types(out_d, t.dtype)
+  out_d = every[0].dtype
+  for t in every[1:]: out_d = dt.promote_types(out_d, t.dtype)
   total = sum(t.shape[d] for t in tensors)
   out, start = None, 0
   for t in tensors:

@@ -1328,3 +1328,69 @@ def test_atan2_gradient_at_the_origin_is_zero(device):
     out[L] = (a.grad.numpy(), b.grad.numpy())
   for got, want in zip(out[fg], out[torch]):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_setitem_through_stepped_slices_of_any_dim(device):
+  """x[::2] = v on a leading dim (it raised: the gaps were padded into the next dim), several stepped dims, an
+  in-place add through them."""
+  rng = np.random.default_rng()
+  for shape, idx in [((6, 4), (slice(None, None, 2),)), ((6, 4), (slice(1, None, 2),)), ((5, 4), (slice(None, None, 5),)),
+                     ((7, 5, 3), (slice(None, None, 3), slice(1, None, 2))),
+                     ((4, 6, 5), (Ellipsis, slice(0, 5, 2), slice(1, 4, 2)))]:
+    x = rng.standard_normal(shape).astype(np.float32)
+    t, f = torch.tensor(x), fg.tensor(x, device=device)
+    v = rng.standard_normal(tuple(t[idx].shape)).astype(np.float32)
+    t[idx] = torch.tensor(v); f[idx] = fg.tensor(v, device=device)
+    np.testing.assert_array_equal(f.numpy(), t.numpy())
+    t[idx] += 1.5; f[idx] += 1.5
+    np.testing.assert_array_equal(f.numpy(), t.numpy())
+
+
+def test_semantics_found_by_a_survey_against_torch():
+  """add's alpha into a bool result (cast to bool) and a float alpha into integers (refused); unique keeps every NaN;
+  an empty 1-d tensor in cat still takes part in the result's dtype; a signed integer added in place into uint8."""
+  rng = np.random.default_rng()
+  a, b = rng.random(8) < 0.5, rng.random(8) < 0.5
+  got = fg.add(fg.tensor(a), fg.tensor(b), alpha=2)
+  assert got.dtype == fg.bool
+  np.testing.assert_array_equal(got.numpy(), torch.add(torch.tensor(a), torch.tensor(b), alpha=2).numpy())
+  with pytest.raises(RuntimeError, match="alpha must not be a floating point"):
+    fg.add(fg.tensor([1, 2]), fg.tensor([3, 4]), alpha=0.5)
+  v = np.array([1.0, np.nan, 2.0, np.nan, 1.0, np.nan], dtype=np.float32)
+  u, inv, cnt = fg.unique(fg.tensor(v), return_inverse=True, return_counts=True)
+  tu, tinv, tcnt = torch.unique(torch.tensor(v), return_inverse=True, return_counts=True)
+  np.testing.assert_array_equal(u.numpy(), tu.numpy())
+  np.testing.assert_array_equal(cnt.numpy(), tcnt.numpy())
+  np.testing.assert_array_equal(inv.numpy(), tinv.numpy())
+  c = fg.cat([fg.tensor([]), fg.tensor([1, 2])])
+  assert c.dtype == fg.float32 and c.numpy().tolist() == [1.0, 2.0]
+  x = fg.tensor(np.array([250, 3, 7], dtype=np.uint8))
+  x += fg.tensor(np.array([10, 0, -5], dtype=np.int32))
+  tx = torch.tensor(np.array([250, 3, 7], dtype=np.uint8))
+  tx += torch.tensor(np.array([10, 0, -5], dtype=np.int32))
+  assert x.dtype == fg.uint8 and x.numpy().tolist() == tx.numpy().tolist()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_cumsum_accumulates_in_float32(dtype):
+  a = torch.randn(3, 1000).to(getattr(torch, dtype))
+  got = fg.tensor(a.float().numpy(), dtype=dtype).cumsum(1)
+  assert got.dtype == getattr(fg, dtype)
+  np.testing.assert_array_equal(got.float().numpy(), a.cumsum(1).float().numpy())
+
+
+def test_median_of_all_elements_shares_its_gradient_among_ties():
+  rng = np.random.default_rng()
+  cases = [[[1., 3., 3.], [2., 2., 0.]], [[5., 5., 5., 5.]], [[np.inf, np.inf, 1.]], [[-np.inf, -np.inf, 1.]],
+           [[1., np.nan, 2.]], rng.integers(0, 3, (4, 5)).astype(np.float32), rng.standard_normal((3, 7))]
+  for v in cases:
+    for name in ("median", "nanmedian"):
+      out = {}
+      for L in (torch, fg):
+        x = L.tensor(np.asarray(v, dtype=np.float32), requires_grad=True)
+        y = getattr(x, name)()
+        y.backward()
+        out[L] = (y.detach().numpy(), x.grad.numpy())
+      np.testing.assert_array_equal(out[fg][0], out[torch][0])
+      if not np.isnan(out[torch][0]): np.testing.assert_allclose(out[fg][1], out[torch][1], rtol=1e-6)
