@@ -48,7 +48,7 @@ del _name
 # the math ops of ops_math.py (Tensor methods once it is imported) and torch.linalg's basics
 from fusegrad import ops_math as _ops_math  # noqa: E402
 from fusegrad import linalg  # noqa: E402
-from fusegrad.ops_math import tensordot  # noqa: E402
+from fusegrad.ops_math import tensordot, meshgrid, searchsorted, bucketize, cdist  # noqa: E402
 for _name in _ops_math.METHODS: globals()[_name] = _method_function(_name)
 del _name
 det, inverse, cholesky = linalg.det, linalg.inv, linalg.cholesky

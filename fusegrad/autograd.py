@@ -603,7 +603,16 @@ def _run(outputs, grad_outputs, inputs=None, retain_graph: bool = False, create_
   ins_of: dict = {}
   order = _toposort(outputs, ins_of)
   key = None
-  if inputs is None and not create_graph and config.TEMPLATES:
+  # hooks are Python a template, a replayed trace or a fusegrad.jit replay would not call: such a backward runs
+  # its rules, and neither is made from it
+  hooked = bool(_tensor_hooks or _post_hooks or _groups) and _hooked(order)
+  if hooked:
+    _unfollowable("a backward that calls hooks (register_hook, a module's full backward hook)", forget=False)
+    _refuse_capture("fusegrad.jit: the step's backward calls hooks (Tensor.register_hook, "
+                    "register_post_accumulate_grad_hook or a module's register_full_backward_hook); a replay does not "
+                    "run the step's Python, so they would not be called. Remove the hooks or call the step without "
+                    "fusegrad.jit")
+  elif inputs is None and not create_graph and config.TEMPLATES:
     key = _template_key(order, ins_of, outputs, grad_outputs)
   if key is not None:
     tpl = _templates.get(key[0])
@@ -613,8 +622,10 @@ def _run(outputs, grad_outputs, inputs=None, retain_graph: bool = False, create_
       return tpl.run(order, ins_of, key[1], retain_graph), order
   reads = _jit.host_reads[0]
   done = []
+  fired: set = set()
   with (enable_grad() if create_graph else no_grad()):
-    for t in reversed(order):
+    for t in (_grouped(order, ins_of) if hooked and _groups else reversed(order)):
+      if hooked: _call_hooks(t, grads, fired)
       g = grads.get(id(t))
       if g is None or t._ctx is None: continue
       if wanted is not None and id(t) in wanted: continue
@@ -635,6 +646,176 @@ def _run(outputs, grad_outputs, inputs=None, retain_graph: bool = False, create_
   if not retain_graph:    # release what the rules saved, as PyTorch frees a graph's saved tensors
     for t, ins in done: _free(t, ins)
   return grads, order
+
+
+# ---- hooks ------------------------------------------------------------------------------------------------
+# Tensor.register_hook, register_post_accumulate_grad_hook and the groups a module's full backward hook watches
+# (nn/module.py), kept here by the tensor's id with a weak reference (a tensor has no room of its own for them, and
+# a dict keyed by tensors would compare them with the elementwise ==): the entry goes when the tensor does.
+
+class RemovableHandle:
+  """torch.utils.hooks.RemovableHandle: `remove()` takes the hook out of the dict(s) it was registered in (held
+  weakly: a handle does not keep a module or tensor's hooks alive); also a context manager that removes on exit."""
+  _ids = itertools.count()
+
+  def __init__(self, hooks_dict, *, extra_dict=None):
+    import weakref
+    self.hooks_dict_ref = weakref.ref(hooks_dict)
+    self.id = next(RemovableHandle._ids)
+    extra = () if extra_dict is None else (extra_dict,) if isinstance(extra_dict, dict) else tuple(extra_dict)
+    self.extra_dict_ref = tuple(weakref.ref(d) for d in extra)
+
+  def remove(self) -> None:
+    for r in (self.hooks_dict_ref,) + self.extra_dict_ref:
+      d = r()
+      if d is not None: d.pop(self.id, None)
+
+  def __enter__(self) -> "RemovableHandle": return self
+  def __exit__(self, *exc) -> None: self.remove()
+
+
+_tensor_hooks: dict = {}   # id(tensor) -> (weakref to it, OrderedDict handle id -> hook(grad) -> grad or None)
+_post_hooks: dict = {}     # id(leaf) -> (weakref to it, OrderedDict handle id -> hook(leaf))
+_groups: dict = {}         # id(tensor) -> (weakref to it, the _Group it belongs to)
+
+
+class _Group:
+  """Tensors whose gradients one function sees together (a module's inputs, or its outputs: its full backward
+  hook's grad_input and grad_output): fn(grads, one per member, None where none came) -> new grads or None, called
+  once per backward when every member's gradient is complete and before any of them flows on (`_grouped`)."""
+  __slots__ = ("members", "fn")
+
+  def __init__(self, members, fn):
+    import weakref
+    self.members, self.fn = tuple(weakref.ref(t) for t in members), fn
+
+
+def _entry(table: dict, t, make: bool):
+  """t's value in table (None if it has none and not make); a dead tensor's entry is dropped by its weakref."""
+  import weakref
+  e = table.get(id(t))
+  if e is not None and e[0]() is t: return e[1]
+  if not make: return None
+  k = id(t)
+  def gone(r, k=k, table=table):
+    e = table.get(k)
+    if e is not None and e[0] is r: del table[k]
+  table[k] = e = (weakref.ref(t, gone), collections.OrderedDict())
+  return e[1]
+
+
+def _unfollowable(msg: str, forget: bool = True) -> None:
+  """Hooks exist: the eager trace's segment in progress goes on eagerly (a segment left so is not stored: no
+  recorded step holds a backward with hooks) and, where a hook was just registered (forget), the steps recorded
+  before are forgotten: a replayed backward sets .grad without running the rules, so it would not call it."""
+  from fusegrad.engine import trace
+  trace.off(msg)
+  if forget: trace._traces.clear()
+
+
+def _refuse_capture(msg: str) -> None:
+  """A step being captured by fusegrad.jit runs Python a replay would not run again: the capture raises msg."""
+  rec = _jit.recorder()
+  if rec is not None and rec.recording and rec.error is None: rec.error = msg
+
+
+def register_hook(t, hook) -> RemovableHandle:
+  """Tensor.register_hook: hook(grad) -> a new gradient or None, called when t's gradient is computed."""
+  if not t.requires_grad: raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+  hooks = _entry(_tensor_hooks, t, True)
+  h = RemovableHandle(hooks)
+  hooks[h.id] = hook
+  _unfollowable("a tensor hook was registered")
+  return h
+
+
+def register_post_accumulate_grad_hook(t, hook) -> RemovableHandle:
+  """Tensor.register_post_accumulate_grad_hook: hook(t) after backward accumulated into t.grad (leaves only)."""
+  if not t.requires_grad:
+    raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+  if not t.is_leaf: raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+  hooks = _entry(_post_hooks, t, True)
+  h = RemovableHandle(hooks)
+  hooks[h.id] = hook
+  _unfollowable("a post-accumulate-grad hook was registered")
+  return h
+
+
+def _group_hook(tensors, fn) -> None:
+  """fn sees the gradients of tensors together (see _Group); nn.Module's full backward hooks use it."""
+  g = _Group(tensors, fn)
+  for t in tensors:
+    _entry(_groups, t, True)
+    e = _groups[id(t)]
+    _groups[id(t)] = (e[0], g)
+
+
+def _hooked(order) -> bool:
+  for t in order:
+    k = id(t)
+    for table in (_tensor_hooks, _post_hooks):
+      e = table.get(k)
+      if e is not None and e[1] and e[0]() is t: return True
+    e = _groups.get(k)
+    if e is not None and e[0]() is t: return True
+  return False
+
+
+def _grouped(order, ins_of: dict):
+  """The backward's walk (reversed order) with each group's members next to each other, after all of their
+  consumers: the members met first move down to the last one, with what they reach (their inputs, those
+  inputs' inputs...) between them and it, which is still after whatever consumes those."""
+  walk = list(reversed(order))
+  seen: set = set()
+  for t in list(walk):
+    e = _groups.get(id(t))
+    if e is None or e[0]() is not t or id(e[1]) in seen: continue
+    seen.add(id(e[1]))
+    pos = {id(x): i for i, x in enumerate(walk)}
+    at = sorted(pos[id(m)] for m in (w() for w in e[1].members) if m is not None and id(m) in pos)
+    if len(at) < 2: continue
+    first, last = at[0], at[-1]
+    move, stack = set(), [walk[i] for i in at[:-1]]
+    while stack:
+      x = stack.pop()
+      i = pos.get(id(x))
+      if i is None or i >= last or i < first or id(x) in move: continue
+      move.add(id(x))
+      stack.extend(ins_of.get(id(x), ()))
+    walk = [x for x in walk[:last] if id(x) not in move] + [x for x in walk[:last] if id(x) in move] + walk[last:]
+  return walk
+
+
+def _call_hooks(t, grads: dict, fired: set) -> None:
+  """t's gradient is complete: its group's function (once per backward), then its own hooks, in order."""
+  e = _groups.get(id(t))
+  if e is not None and e[0]() is t and id(e[1]) not in fired:
+    grp = e[1]
+    fired.add(id(grp))
+    ms = [w() for w in grp.members]
+    res = grp.fn(tuple(None if m is None else grads.get(id(m)) for m in ms))
+    if res is not None:
+      for m, r in zip(ms, res):
+        if m is None: continue
+        if r is None: grads.pop(id(m), None)
+        else: grads[id(m)] = _checked(m, r, "hook")
+  hooks = _entry(_tensor_hooks, t, False)
+  g = grads.get(id(t))
+  if not hooks or g is None: return
+  for hook in tuple(hooks.values()):
+    r = hook(g)
+    if r is not None: g = _checked(t, r, getattr(hook, "__name__", "hook"))
+  grads[id(t)] = g
+
+
+def _checked(t, g, name: str):
+  """A gradient a hook returned: torch's checks (a tensor of t's shape and dtype)."""
+  from fusegrad.tensor import Tensor
+  if not isinstance(g, Tensor): raise TypeError(f"hook '{name}' returned a {type(g).__name__}, expected a Tensor or None")
+  if g.shape != t.shape: raise RuntimeError(f"hook '{name}' has changed the size of value")
+  if g.dtype != t.dtype:
+    raise RuntimeError(f"hook '{name}' has changed the type of value (was {t.dtype.name} got {g.dtype.name})")
+  return g
 
 
 def _free(t, ins) -> None:
@@ -819,6 +1000,10 @@ def backward(t, gradient=None, retain_graph: bool | None = None, create_graph: b
         given.add(id(g))
       if written is not None: written.append((leaf, leaf.grad))
       leaf.grad = g if leaf.grad is None else leaf.grad + g
+      if _post_hooks:
+        hooks = _entry(_post_hooks, leaf, False)
+        if hooks:
+          for hook in tuple(hooks.values()): hook(leaf)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, create_graph: bool = False,

@@ -31,6 +31,11 @@ class DType:
   def is_bool(self) -> bool: return self.category == 0
   @property
   def is_signed(self) -> bool: return self.category in (2, 3)
+  # torch.dtype's spellings of the categories (fusegrad has no complex types)
+  @property
+  def is_floating_point(self) -> bool: return self.category == 3
+  @property
+  def is_complex(self) -> bool: return False
 
   @property
   def min(self):
@@ -62,6 +67,14 @@ float16 = DType("float16", 2, 3, np.float16, 1)
 bfloat16 = DType("bfloat16", 2, 3, _bf16_np, 1)
 float32 = DType("float32", 4, 3, np.float32, 3)
 float64 = DType("float64", 8, 3, np.float64, 4)
+
+# the names PyTorch's kernels give dtypes in their messages ("bincount_cpu" not implemented for 'Float')
+SCALAR_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "uint32": "UInt32", "int32": "Int",
+                "int64": "Long", "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double"}
+
+
+def scalar_name(d: DType) -> str: return SCALAR_NAMES[d.name]
+
 
 half, float, double = float16, float32, float64
 short, int, long = int16, int32, int64

@@ -1,5 +1,7 @@
 """Math ops PyTorch offers beside the basic ones of tensor.py: inverse trig and hyperbolic functions, copysign,
-logaddexp, hypot, closeness tests, cumulative max/min/logsumexp, norms, median/mode/unique, diagonals, tensordot.
+logaddexp, hypot, closeness tests, cumulative max/min/logsumexp, norms, median/mode/unique, diagonals, tensordot,
+meshgrid/rot90, bincount/searchsorted/bucketize, cdist, addmm and its kin, put, and torch's elementwise in-place
+forms (INPLACE) that tensor.py does not define.
 
 Each is composed of Tensor ops (and the ATAN/ATAN2 primitives); where the composition's own gradient would be
 wrong or unstable at an edge (asin at +-1, logaddexp of equal infinities), the forward runs under no_grad and a
@@ -10,6 +12,7 @@ from __future__ import annotations
 import builtins
 import functools
 import math
+import warnings
 import numpy as np
 from fusegrad import autograd
 from fusegrad import dtype as dt
@@ -571,6 +574,301 @@ def tensordot(a: Tensor, b: Tensor, dims=2) -> Tensor:
   return (am @ bm).reshape(*[a.shape[i] for i in fa], *[b.shape[i] for i in fb])
 
 
+# ---- grids, rotations, counting and searching -----------------------------------------------------------------
+
+def meshgrid(*tensors, indexing: str | None = None):
+  """torch.meshgrid: every 0-d or 1-d input expanded along its own dim of the grid (broadcast views, no copies;
+  'xy' swaps the first two dims, as numpy's)."""
+  if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)): tensors = tuple(tensors[0])
+  if not tensors: raise RuntimeError("meshgrid expects a non-empty TensorList")
+  if indexing is None:
+    warnings.warn("torch.meshgrid: in an upcoming release, it will be required to pass the indexing argument.",
+                  UserWarning, stacklevel=2)
+    indexing = "ij"
+  if indexing not in ("ij", "xy"):
+    raise RuntimeError(f'torch.meshgrid: indexing must be one of "xy" or "ij", but received: {indexing}')
+  for t in tensors:
+    if not isinstance(t, Tensor): raise TypeError(f"meshgrid(): expected Tensor as element, but got {type(t).__name__}")
+    if t.ndim > 1: raise RuntimeError(f"torch.meshgrid: Expected 0D or 1D tensor in the tensor list but got: {t}")
+  if builtins.any(t.dtype != tensors[0].dtype for t in tensors):
+    raise RuntimeError("meshgrid expects all tensors to have the same dtype")
+  if builtins.any(t.device != tensors[0].device for t in tensors):
+    raise RuntimeError("meshgrid expects all tensors to have the same device")
+  sizes = [t.numel() for t in tensors]
+  order = list(range(len(tensors)))
+  if indexing == "xy" and len(tensors) >= 2: order[0], order[1] = 1, 0   # input i lies along grid dim order[i]
+  grid = [sizes[order.index(g)] for g in range(len(tensors))]
+  return tuple(t.reshape(*[grid[g] if g == order[i] else 1 for g in range(len(grid))]).expand(*grid)
+               for i, t in enumerate(tensors))
+
+
+def rot90(self, k: int = 1, dims=(0, 1)):
+  """A quarter turn k times from dims[0] towards dims[1]: flips and a transpose, as torch's."""
+  dims = list(dims)
+  if len(dims) != 2: raise RuntimeError(f"expected total rotation dims == 2, but got dims = {len(dims)}")
+  if self.ndim < 2: raise RuntimeError(f"expected total dims >= 2, but got total dims = {self.ndim}")
+  if dims[0] == dims[1] or abs(dims[0] - dims[1]) == self.ndim:
+    raise RuntimeError(f"expected rotation dims to be different, but got dim0 = {dims[0]} and dim1 = {dims[1]}")
+  a, b = _norm_dim(dims[0], self.ndim), _norm_dim(dims[1], self.ndim)
+  k %= 4
+  if k == 1: return self.flip(b).transpose(a, b)
+  if k == 2: return self.flip(a, b)
+  if k == 3: return self.flip(a).transpose(a, b)
+  return self.clone()
+
+
+def bincount(self, weights=None, minlength: int = 0):
+  """How often each value 0..max occurs (the weights summed instead, when given). The length depends on the largest
+  value, so the input is read on the host (as torch's); the counting is a lazy one-hot sum, differentiable in the
+  weights."""
+  if not self.dtype.is_int: raise NotImplementedError(f"\"bincount_cpu\" not implemented for '{dt.scalar_name(self.dtype)}'")
+  if minlength < 0: raise RuntimeError("minlength should be >= 0")
+  bad = RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+  if self.ndim != 1: raise bad
+  v = self.numpy() if self.numel() else np.zeros(0, np.int64)
+  if v.size and v.min() < 0: raise bad
+  if weights is not None and (not isinstance(weights, Tensor) or weights.ndim != 1 or weights.shape[0] != self.shape[0]):
+    raise RuntimeError("weights should be 1-d and have the same length as input")
+  n = builtins.max(int(v.max()) + 1 if v.size else 0, int(minlength))
+  hit = self.reshape(-1, 1) == arange(n, device=self.device)                     # [len, n]
+  if weights is None or self.numel() == 0: return hit._cast(dt.int64).sum(0)   # (torch: int64 zeros when empty)
+  d = dt.float32 if weights.dtype == dt.float32 else dt.float64                   # (torch's: float stays, else double)
+  return where(hit, weights._cast(d).reshape(-1, 1), 0.0)._cast(d).sum(0)
+
+
+def searchsorted(sorted_sequence: Tensor, values, *, out_int32: bool = False, right: bool = False, side=None,
+                 sorter=None) -> Tensor:
+  """torch.searchsorted by counting: a value's insertion index is how many boundaries of its row lie before it
+  (not >= v for the left side, not > v for the right: a NaN value goes last, as in torch's binary search). Every
+  value is compared with its whole row: lazy, one fused reduction, values x boundaries work where torch's binary
+  search does values x log(boundaries)."""
+  if side is not None:
+    if side not in ("left", "right"):
+      raise RuntimeError(f"torch.searchsorted(): side can only be 'left' or 'right' but got {side}")
+    if right and side == "left":
+      raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, got side of left while right "
+                         "was True")
+    right = side == "right"
+  b = sorted_sequence
+  if not isinstance(b, Tensor):
+    raise TypeError(f"searchsorted(): argument 'sorted_sequence' must be Tensor, not {type(b).__name__}")
+  if b.ndim == 0:
+    raise RuntimeError("torch.searchsorted(): boundaries tensor should have positive dimension, but got 0 dimension")
+  scalar = not isinstance(values, Tensor)
+  if scalar:
+    if b.ndim != 1:
+      raise RuntimeError(f"torch.searchsorted(): input value can be a scalar only when boundaries tensor dimension is "
+                         f"1, but we got boundaries tensor dim({b.ndim}) and input value's dim(0) numel(1)")
+    values = b._new(gn.const(values, _result_type(b, values), (), b.device))
+  if b.dtype.is_bool: raise NotImplementedError("\"searchsorted_out_cpu\" not implemented for 'Bool'")
+  if b.ndim != 1 and (b.ndim != values.ndim or b.shape[:-1] != values.shape[:-1]):
+    raise RuntimeError(f"torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of "
+                       f"boundaries tensor and input value tensor must match, but we got boundaries tensor "
+                       f"{list(b.shape)} and input value tensor {list(values.shape)}")
+  if sorter is not None:
+    if sorter.dtype != dt.int64:
+      raise RuntimeError(f"torch.searchsorted(): sorter must be a tensor of long dtype but got dtype "
+                         f"{dt.scalar_name(sorter.dtype)}")
+    if sorter.shape != b.shape:
+      raise RuntimeError(f"torch.searchsorted(): boundary and sorter must have the same size, but got boundary tensor "
+                         f"{list(b.shape)}and got sorter tensor {list(sorter.shape)}")
+    if (sorter.node.realized or sorter.node.op in ("BUFFER", "CONST")) and sorter.numel():
+      s = sorter.numpy()
+      if s.min() < 0 or s.max() >= b.shape[-1]: raise RuntimeError("torch.searchsorted(): sorter index out of range")
+    b = b.gather(b.ndim - 1, sorter)
+  d = _result_type(b, values)
+  v, bb = values._cast(d).detach().unsqueeze(-1), b._cast(d).detach()            # [..., K, 1]
+  if b.ndim > 1: bb = bb.unsqueeze(-2)                                            # [..., 1, M]
+  before = (bb > v) if right else (bb >= v)
+  out = before.logical_not()._cast(dt.int64).sum(-1)
+  return out._cast(dt.int32) if out_int32 else out
+
+
+def bucketize(input, boundaries: Tensor, *, out_int32: bool = False, right: bool = False) -> Tensor:
+  """torch.bucketize: searchsorted with the arguments the other way round and 1-d boundaries only."""
+  if not isinstance(boundaries, Tensor):
+    raise TypeError(f"bucketize(): argument 'boundaries' must be Tensor, not {type(boundaries).__name__}")
+  if boundaries.ndim != 1: raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
+  return searchsorted(boundaries, input, out_int32=out_int32, right=right)
+
+
+_CDIST_MODES = (None, "use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist")
+
+
+def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode=None) -> Tensor:
+  """torch.cdist: the p-norm distance between every row of x1 [..., P, M] and every row of x2 [..., R, M] (batch
+  dims broadcast). Always the differences' norm (one fused reduction over [..., P, R, M]), never torch's
+  |a|^2 + |b|^2 - 2ab matmul form for large inputs: that form cancels for nearby points, so results there differ
+  from torch's by its rounding. Gradients as torch's: 0 where a distance is 0."""
+  if compute_mode not in _CDIST_MODES: raise ValueError(f"{compute_mode} is not a valid value for compute_mode")
+  for name, x in (("X1", x1), ("X2", x2)):
+    if not isinstance(x, Tensor): raise TypeError(f"cdist(): argument '{name.lower()}' must be Tensor, not {type(x).__name__}")
+    if x.ndim < 2: raise RuntimeError(f"cdist only supports at least 2D tensors, {name} got: {x.ndim}D")
+    if not x.dtype.is_float:
+      raise RuntimeError(f"cdist only supports floating-point dtypes, {name} got: {dt.scalar_name(x.dtype)}")
+  if x1.shape[-1] != x2.shape[-1]:
+    raise RuntimeError(f"X1 and X2 must have the same number of columns. X1: {x1.shape[-1]} X2: {x2.shape[-1]}")
+  if p < 0: raise RuntimeError("cdist only supports non-negative p values")
+  if x1.dtype != x2.dtype:
+    raise RuntimeError(f"expected scalar type {dt.scalar_name(x1.dtype)} but found {dt.scalar_name(x2.dtype)}")
+  batch = broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+  P, R, M = x1.shape[-2], x2.shape[-2], x1.shape[-1]
+  diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)                                      # [..., P, R, M]
+  if M == 0: return diff.abs().sum(-1)._broadcast_to(batch + (P, R))              # (0 for every p; no max of nothing)
+  return vector_norm(diff._broadcast_to(batch + (P, R, M)), p, -1)
+
+
+# ---- matrix products with an added term ------------------------------------------------------------------------
+
+def _added(input: Tensor, prod: Tensor, beta, alpha) -> Tensor:
+  """beta * input + alpha * prod, input broadcast to the product's shape. Integral results take the scalars as
+  integers (torch casts them to the result type). beta == 0 does not read input (a NaN or inf there does not reach
+  the result, as torch documents), but input still gets its gradient, zeros, as torch's."""
+  d = prod.dtype
+  if not d.is_float: beta, alpha = (bool(beta), bool(alpha)) if d.is_bool else (int(beta), int(alpha))
+  inp = input.expand(*prod.shape)
+  out = prod if alpha == 1 else prod * alpha
+  if beta == 0:   # (a zero constant recorded as a function of input with a zero gradient)
+    return out + inp._prim("ZERO_GRAD", None, gn.const(0, d, inp.shape, inp.device))
+  return out + (inp if beta == 1 else inp * beta)
+
+
+def _same_dtype(a: Tensor, b: Tensor, na: str, nb: str) -> None:
+  if a.dtype != b.dtype:
+    raise RuntimeError(f"{na} and {nb} must have the same dtype, but got {dt.scalar_name(a.dtype)} and "
+                       f"{dt.scalar_name(b.dtype)}")
+
+
+def _product_in_float32(fn, input: Tensor, a: Tensor, b: Tensor, beta, alpha) -> Tensor:
+  """fn(input, a, b, beta, alpha) of float16/bfloat16 operands computed in float32 and rounded once (torch's CPU
+  kernels accumulate in float32); other dtypes as they are."""
+  if a.dtype not in HALF_FLOATS: return fn(input, a, b, beta, alpha)
+  f = dt.float32
+  return fn(input._cast(f), a._cast(f), b._cast(f), beta, alpha)._cast(a.dtype)
+
+
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+  """beta * self + alpha * (mat1 @ mat2)."""
+  for name, m in (("mat1", mat1), ("mat2", mat2)):
+    if not isinstance(m, Tensor): raise TypeError(f"addmm(): argument '{name}' must be Tensor, not {type(m).__name__}")
+    if m.ndim != 2: raise RuntimeError(f"{name} must be a matrix, got {m.ndim}-D tensor")
+  _same_dtype(self, mat2, "self", "mat2")
+  _same_dtype(mat1, mat2, "mat1", "mat2")
+  if mat1.shape[1] != mat2.shape[0]:
+    raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({mat1.shape[0]}x{mat1.shape[1]} and "
+                       f"{mat2.shape[0]}x{mat2.shape[1]})")
+  return _product_in_float32(lambda i, a, b, be, al: _added(i, a @ b, be, al), self, mat1, mat2, beta, alpha)
+
+
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+  """beta * self + alpha * (mat @ vec)."""
+  if not (isinstance(mat, Tensor) and isinstance(vec, Tensor) and mat.ndim == 2 and vec.ndim == 1 and self.ndim <= 1):
+    raise RuntimeError(f"vector + matrix @ vector expected, got {self.ndim}, {getattr(mat, 'ndim', 0)}, "
+                       f"{getattr(vec, 'ndim', 0)}")
+  if mat.shape[1] != vec.shape[0] or (self.ndim == 1 and self.shape[0] not in (1, mat.shape[0])):
+    raise RuntimeError(f"size mismatch, got input ({self.shape[0] if self.ndim else 1}), mat "
+                       f"({mat.shape[0]}x{mat.shape[1]}), vec ({vec.shape[0]})")
+  _same_dtype(mat, vec, "mat", "vec")
+  _same_dtype(self, mat, "self", "mat")
+  return _product_in_float32(lambda i, a, b, be, al: _added(i, a @ b, be, al), self, mat, vec, beta, alpha)
+
+
+def _check_batches(b1, b2, name: str) -> None:
+  for n, b in (("batch1", b1), ("batch2", b2)):
+    if not isinstance(b, Tensor): raise TypeError(f"{name}(): argument '{n}' must be Tensor, not {type(b).__name__}")
+    if b.ndim != 3: raise RuntimeError(f"{n} must be a 3D tensor")
+  _same_dtype(b1, b2, "batch1", "batch2")
+
+
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+  """beta * self + alpha * sum over b of batch1[b] @ batch2[b]: one matmul, the batches laid side by side along k."""
+  _check_batches(batch1, batch2, "addbmm")
+  if batch1.shape[0] != batch2.shape[0]:
+    raise RuntimeError(f"batch1 and batch2 must have same number of batches, got {batch1.shape[0]} and {batch2.shape[0]}")
+  (B, n, k), (_, k2, m) = batch1.shape, batch2.shape
+  if k != k2: raise RuntimeError(f"Incompatible matrix sizes for bmm ({n}x{k} and {k2}x{m})")
+  _same_dtype(self, batch1, "self", "batch1")
+  prod = lambda a, b: a.permute(1, 0, 2).reshape(n, B * k) @ b.reshape(B * k, m)
+  return _product_in_float32(lambda i, a, b, be, al: _added(i, prod(a, b), be, al), self, batch1, batch2,
+                             beta, alpha)
+
+
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+  """beta * self + alpha * (batch1 @ batch2), batch by batch."""
+  _check_batches(batch1, batch2, "baddbmm")
+  (B, _, k), (B2, k2, _) = batch1.shape, batch2.shape
+  if (B2, k2) != (B, k):
+    raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: [{B}, {k}] but got: "
+                       f"[{B2}, {k2}].")
+  _same_dtype(self, batch1, "self", "batch1")
+  return _product_in_float32(lambda i, a, b, be, al: _added(i, a @ b, be, al), self, batch1, batch2,
+                             beta, alpha)
+
+
+# ---- put ---------------------------------------------------------------------------------------------------------
+
+def put(self, index, source, accumulate: bool = False):
+  """self with source written at the flat positions index (negative ones count from the end), through index_put on
+  the flattened tensor: lazy, differentiable in self and source."""
+  if not isinstance(index, Tensor): raise TypeError(f"put(): argument 'index' must be Tensor, not {type(index).__name__}")
+  if not isinstance(source, Tensor): raise TypeError(f"put(): argument 'source' must be Tensor, not {type(source).__name__}")
+  if index.dtype != dt.int64:
+    raise RuntimeError(f"put_(): Expected a long tensor for index, but got {dt.scalar_name(index.dtype)}")
+  if source.dtype != self.dtype:
+    raise RuntimeError(f"put_(): self and source expected to have the same dtype, but got self.dtype = "
+                       f"{dt.scalar_name(self.dtype)} and source.dtype = {dt.scalar_name(source.dtype)}")
+  if index.numel() != source.numel():
+    raise IndexError(f"put_(): Expected source and index to have the same number of elements, but got source.numel() = "
+                     f"{source.numel()}, index.numel() = {index.numel()}")
+  n = self.numel()
+  if index.numel() and (index.node.realized or index.node.op in ("BUFFER", "CONST")):
+    v = index.numpy()
+    if v.min() < -n or v.max() >= n:
+      raise IndexError(f"out of range: tried to access index {int(v.max()) if v.max() >= n else int(v.min())} on a "
+                       f"tensor of {n} elements.")
+  if index.numel() == 0: return self.clone()
+  return self.reshape(-1).index_put((index.reshape(-1),), source.reshape(-1), accumulate).reshape(self.shape)
+
+
+# ---- in-place forms ------------------------------------------------------------------------------------------------
+
+def _inplace_of(name: str):
+  def f(self, *args, **kwargs): return self._inplace(getattr(self, name)(*args, **kwargs))
+  f.__name__ = name + "_"
+  f.__doc__ = f"In-place {name}: self rebound to self.{name}(...) in self's dtype (alias.py carries it to views)."
+  return f
+
+
+def lerp_(self, end, weight):
+  if isinstance(end, Tensor) and end.dtype != self.dtype:
+    raise RuntimeError(f"expected dtype {dt.scalar_name(self.dtype).lower()} for `end` but got dtype "
+                       f"{dt.scalar_name(end.dtype).lower()}")
+  if not self.dtype.is_float:
+    raise NotImplementedError(f"\"lerp_kernel_scalar\" not implemented for '{dt.scalar_name(self.dtype)}'")
+  return self._inplace(self.lerp(end, weight))
+
+
+def float_power_(self, exponent):
+  if self.dtype != dt.float64:
+    raise RuntimeError(f"the base given to float_power_ has dtype {dt.scalar_name(self.dtype)} but the operation's "
+                       f"result requires dtype Double")
+  return self._inplace(float_power(self, exponent))
+
+
+def put_(self, index, source, accumulate: bool = False): return self._inplace(put(self, index, source, accumulate))
+
+
+# torch's elementwise in-place forms (shape kept) whose out-of-place op fusegrad has; those tensor.py defines itself
+# are left alone
+INPLACE = ("absolute acos acosh arccos arccosh arcsin arcsinh arctan arctan2 arctanh asin asinh atan atan2 atanh "
+           "addcdiv addcmul addmm addmv addbmm baddbmm bitwise_and bitwise_left_shift bitwise_not bitwise_or "
+           "bitwise_right_shift bitwise_xor ceil clip copysign cos cosh cumprod cumsum deg2rad divide eq erf erfc exp2 "
+           "expm1 fix floor floor_divide fmod frac ge greater greater_equal gt hypot le less less_equal log10 log1p log2 "
+           "logical_and logical_not logical_or logical_xor logit lt masked_scatter multiply nan_to_num ne negative "
+           "not_equal rad2deg reciprocal remainder round rsqrt sgn sign sin sinh square subtract tan tril triu "
+           "true_divide trunc xlogy").split()
+
+
 # ---- attaching -----------------------------------------------------------------------------------------------
 
 METHODS = dict(
@@ -584,9 +882,14 @@ METHODS = dict(
   diag_embed=diag_embed, diag=diag, trace=trace, mm=mm, bmm=bmm, mv=mv, dot=dot, vdot=vdot, inner=inner,
   fix=Tensor.trunc, absolute=Tensor.abs, negative=Tensor.neg, multiply=Tensor.mul, subtract=Tensor.sub,
   divide=Tensor.div, greater=Tensor.gt, greater_equal=Tensor.ge, less=Tensor.lt, less_equal=Tensor.le,
-  not_equal=Tensor.ne,
+  not_equal=Tensor.ne, rot90=rot90, bincount=bincount, addmm=addmm, addmv=addmv, addbmm=addbmm, baddbmm=baddbmm,
+  put=put,
 )
 for _n, _f in METHODS.items(): setattr(Tensor, _n, _f)
+for _n in INPLACE:
+  if not hasattr(Tensor, _n + "_"): setattr(Tensor, _n + "_", _inplace_of(_n))
+for _f in (lerp_, float_power_, put_):
+  if not hasattr(Tensor, _f.__name__): setattr(Tensor, _f.__name__, _f)
 
 
 def _axis_alias(fn):

@@ -218,6 +218,14 @@ class Tensor:
     if a is None or type(a[1]) is tuple: alias.view(value, self, _DETACH)
   def backward(self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None) -> None:
     autograd.backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
+  def register_hook(self, hook) -> "autograd.RemovableHandle":
+    """hook(grad) -> a new gradient or None, called when a backward computes this tensor's gradient (a leaf's
+    before it is accumulated into .grad), as torch's. A backward with hooks runs its rules (no backward template)
+    and is not replayed by the eager trace; fusegrad.jit refuses to capture it (replays run no Python)."""
+    return autograd.register_hook(self, hook)
+  def register_post_accumulate_grad_hook(self, hook) -> "autograd.RemovableHandle":
+    """hook(tensor), called after a backward accumulated into this leaf's .grad (an optimizer step per parameter)."""
+    return autograd.register_post_accumulate_grad_hook(self, hook)
   @property
   def is_leaf(self) -> bool: return self._ctx is None
   def __deepcopy__(self, memo) -> "Tensor":
@@ -517,7 +525,7 @@ class Tensor:
   @_float32_inside
   def hardsigmoid(self): return where(self <= -3, 0.0, where(self >= 3, 1.0, self / 6 + 0.5))
   @_float32_inside
-  def hardswish(self): return where(self <= -3, 0.0, where(self >= 3, self, self * (self + 3) / 6))
+  def hardswish(self): return where(self <= -3, self * 0.0, where(self >= 3, self, self * (self + 3) / 6))   # -0, -inf: NaN (torch's)
 
   # ---- binary ----
   def add(self, other, alpha=None):

@@ -5,12 +5,13 @@ backward pass and the optimizer's update fuse like any other graph.
 """
 from fusegrad.nn.module import Module, Parameter, Sequential, ModuleList, ModuleDict
 from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d,
-                                ConvTranspose3d, MaxPool1d, MaxPool2d, AvgPool1d, AvgPool2d, AdaptiveAvgPool1d, AdaptiveAvgPool2d, BatchNorm1d, BatchNorm2d,
-                                LayerNorm, RMSNorm, GroupNorm, Embedding, Dropout, Flatten, Unflatten,
-                                MultiheadAttention, ReLU, ReLU6, LeakyReLU, ELU, GELU, SiLU, Mish, Softplus, Sigmoid,
-                                Tanh, Hardtanh, Hardsigmoid, Hardswish, LogSigmoid, Softmax, LogSoftmax, MSELoss,
-                                L1Loss, SmoothL1Loss, HuberLoss, CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss,
-                                KLDivLoss)
+                                ConvTranspose3d, MaxPool1d, MaxPool2d, MaxPool3d, AvgPool1d, AvgPool2d,
+                                AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, BatchNorm1d,
+                                BatchNorm2d, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, LayerNorm, RMSNorm,
+                                GroupNorm, Embedding, Dropout, Flatten, Unflatten, MultiheadAttention, ReLU, ReLU6,
+                                LeakyReLU, ELU, GELU, SiLU, Mish, Softplus, Sigmoid, Tanh, Hardtanh, Hardsigmoid,
+                                Hardswish, GLU, LogSigmoid, Softmax, LogSoftmax, MSELoss, L1Loss, SmoothL1Loss, HuberLoss,
+                                CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss)
 from fusegrad.nn.transformer import (Transformer, TransformerEncoder, TransformerDecoder, TransformerEncoderLayer,
                                      TransformerDecoderLayer)
 from fusegrad.nn.rnn import RNNBase, RNN, LSTM, GRU, RNNCellBase, RNNCell, LSTMCell, GRUCell

@@ -14,7 +14,7 @@ import numpy as np
 import fusegrad as fg
 from fusegrad import dtype as dt
 from fusegrad.engine import trace as _trace
-from fusegrad.tensor import Tensor, _index_in_range, _moments, _take_rows, _unfold, _unfold_flat, embed_positions, where, HALF_FLOATS, _result_type
+from fusegrad.tensor import Tensor, _index_in_range, _norm_dim, _moments, _take_rows, _unfold, _unfold_flat, embed_positions, where, HALF_FLOATS, _result_type
 from fusegrad.templates import templated
 
 # ---- activations (the Tensor methods, as functions) ----------------------------------------------------------
@@ -35,6 +35,19 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
 def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor: return input.hardsigmoid()
 def hardswish(input: Tensor, inplace: bool = False) -> Tensor: return input.hardswish()
 def logsigmoid(input: Tensor) -> Tensor: return -(-input).softplus()
+def glu(input: Tensor, dim: int = -1) -> Tensor:
+  """The gated linear unit a * sigmoid(b), a and b the halves of input along dim (float16/bfloat16 computed in
+  float32 and rounded once, as torch's kernel)."""
+  _check_tensor(input, "glu")
+  if input.ndim == 0: raise RuntimeError("glu does not support scalars because halving size must be even")
+  if not input.dtype.is_float: raise NotImplementedError(f"\"glu_cpu\" not implemented for '{dt.scalar_name(input.dtype)}'")
+  d = _norm_dim(dim, input.ndim)
+  n = input.shape[d]
+  if n % 2: raise RuntimeError(f"Halving dimension must be even, but dimension {d} is size {n}")
+  if input.dtype in HALF_FLOATS: return glu(input._cast(dt.float32), d)._cast(input.dtype)
+  return input.narrow(d, 0, n // 2) * input.narrow(d, n // 2, n // 2).sigmoid()
+
+
 def _softmax_dim(input: Tensor, dim, name: str) -> int:
   """PyTorch 2.x: no dim picks one from the rank (0 for 0-, 1- and 3-D input, else 1) with a deprecation warning."""
   if dim is not None: return dim
@@ -430,6 +443,10 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
   return _max_poolnd(input, 2, kernel_size, stride, padding, dilation, ceil_mode, return_indices, "max_pool2d")
 
 
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+  return _max_poolnd(input, 3, kernel_size, stride, padding, dilation, ceil_mode, return_indices, "max_pool3d")
+
+
 def _avg_poolnd(input, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, name):
   x, unbatched = _batched(input, nd, name)
   ks, st, pd, dl, out, extra = _pool_geometry(x, nd, kernel_size, stride, padding, 1, ceil_mode)
@@ -482,6 +499,73 @@ def _adaptive_avg_poolnd(input: Tensor, output_size, nd: int, name: str) -> Tens
 
 def adaptive_avg_pool1d(input, output_size): return _adaptive_avg_poolnd(input, output_size, 1, "adaptive_avg_pool1d")
 def adaptive_avg_pool2d(input, output_size): return _adaptive_avg_poolnd(input, output_size, 2, "adaptive_avg_pool2d")
+
+
+def _adaptive_max_poolnd(input: Tensor, output_size, return_indices: bool, nd: int, name: str):
+  """Max over torch's adaptive bins [floor(j*L/o), ceil((j+1)*L/o)) of each spatial dim. Each dim's bins become a
+  window axis: a reshape where they tile (L % o == 0), else a gather of host-built positions padded to the widest bin
+  by repeating the bin's last element (a repeat changes neither the max nor which element is first). The windows'
+  first maximum takes the value and the gradient (one-hot select, as max_pool's) and gives the flat index."""
+  _check_tensor(input, name)
+  if nd == 1 and input.ndim not in (2, 3):
+    raise RuntimeError(f"Expected 2 to 3 dimensions, but got {input.ndim}-dimensional tensor for argument #1 'self' "
+                       f"(while checking arguments for adaptive_max_pool1d)")
+  if nd == 2 and input.ndim not in (3, 4):
+    raise RuntimeError(f"adaptive_max_pool2d(): Expected 3D or 4D tensor, but got: {list(input.shape)}")
+  osz = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * nd
+  if len(osz) != nd:
+    if nd == 1: raise RuntimeError(f"adaptive_max_pool1d() argument 'output_size' should contain one int (got {len(osz)})")
+    raise ValueError(f"{name}: output_size must have {nd} elements, got {output_size!r}")
+  if not input.dtype.is_float:
+    raise NotImplementedError(f"\"adaptive_max_pool2d\" not implemented for '{dt.scalar_name(input.dtype)}'")
+  for i in range(1, input.ndim):
+    if input.shape[i] == 0:
+      raise RuntimeError(f"{name}(): Expected input to have non-zero size for non-batch dimensions, but input has "
+                         f"sizes {list(input.shape)} with dimension {i} being empty")
+  x, unbatched = _batched(input, nd, name)
+  sp = x.shape[2:]
+  osz = tuple(sp[i] if o is None else int(o) for i, o in enumerate(osz))
+  if builtins.any(o < 0 for o in osz):
+    raise RuntimeError(f"Trying to create tensor with negative dimension: {list(x.shape[:2]) + list(osz)}")
+  out_shape = x.shape[:2] + osz
+  if math.prod(out_shape) == 0:
+    y, idx = fg.zeros(*out_shape, dtype=x.dtype, device=x.device), fg.zeros(*out_shape, dtype=dt.int64, device=x.device)
+    if x.requires_grad: y = y + x.sum() * 0   # (connected to the input, as torch's empty result is)
+  else:
+    cols, tables = x, []
+    for i, (L, o) in enumerate(zip(sp, osz)):
+      lo = [(j * L) // o for j in range(o)]
+      hi = [-(-((j + 1) * L) // o) for j in range(o)]
+      k = builtins.max(h - l for l, h in zip(lo, hi))
+      tbl = np.array([[builtins.min(l + t, h - 1) for t in range(k)] for l, h in zip(lo, hi)], np.int64)   # [o, k]
+      tables.append(tbl)
+      dim = 2 + i
+      if L % o == 0: cols = cols.unflatten(dim, (o, k))
+      else: cols = cols.index_select(dim, fg.tensor(tbl.reshape(-1), device=x.device)).unflatten(dim, (o, k))
+      cols = cols.movedim(dim + 1, -1)                       # [N, C, o_0..o_i, rest of the input, k_0..k_i]
+    K = math.prod(t.shape[1] for t in tables)
+    cols = cols.reshape(*out_shape, K)
+    first = cols.detach().argmax(-1, keepdim=True)
+    pick = fg.arange(K, device=x.device) == first
+    y = where(pick, cols, 0).sum(-1)
+    # the flat input position of every window element, [*out, K], on the host (it depends on shapes only)
+    pos = np.zeros((), np.int64)
+    for i, tbl in enumerate(tables):
+      o, k = tbl.shape
+      shape = [1] * (2 * nd)
+      shape[i], shape[nd + i] = o, k
+      pos = pos * sp[i] + tbl.reshape(shape)
+    idx = where(pick, fg.tensor(pos.reshape(*osz, K), device=x.device), 0).sum(-1)
+  if unbatched: y, idx = y.squeeze(0), idx.squeeze(0)
+  return (y, idx) if return_indices else y
+
+
+def adaptive_max_pool1d(input, output_size, return_indices: bool = False):
+  return _adaptive_max_poolnd(input, output_size, return_indices, 1, "adaptive_max_pool1d")
+
+
+def adaptive_max_pool2d(input, output_size, return_indices: bool = False):
+  return _adaptive_max_poolnd(input, output_size, return_indices, 2, "adaptive_max_pool2d")
 
 
 # ---- normalization -----------------------------------------------------------------------------------------------
@@ -604,6 +688,45 @@ def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: floa
   shp = _affine_shape(input, C)
   if weight is not None: y = y * weight.reshape(shp)
   if bias is not None: y = y + bias.reshape(shp)
+  return y
+
+
+def instance_norm(input: Tensor, running_mean=None, running_var=None, weight=None, bias=None,
+                  use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+  """Each (sample, channel) plane normalized over its spatial dims. With running statistics and use_input_stats they
+  move towards the batch's average of the per-instance mean and unbiased variance, as torch's (its batch norm over
+  [1, N * C, ...] whose N copies of the running values are averaged back); without use_input_stats they normalize,
+  as batch_norm's eval mode."""
+  _check_tensor(input, "instance_norm")
+  if input.ndim < 2:
+    raise ValueError(f"instance_norm: expected 2D or more input (N, C, ...), got input of size {list(input.shape)}")
+  N, C = input.shape[:2]
+  if use_input_stats and math.prod(input.shape[2:]) == 1:
+    raise ValueError(f"Expected more than 1 spatial element when training, got input size torch.Size({list(input.shape)})")
+  for pname, t in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
+    if t is not None and t.numel() != C:
+      raise RuntimeError(f"{pname} should contain {N * C} elements not {N * t.numel()}")
+  if not use_input_stats:
+    if running_mean is None or running_var is None:
+      raise RuntimeError("Expected running_mean and running_var to be defined when use_input_stats is false")
+    return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+  d = _result_type(input, *[p for p in (weight, bias) if p is not None])
+  x = input._cast(dt.float32) if d in HALF_FLOATS else input
+  axes = tuple(range(2, input.ndim))
+  mean, xc, var = _moments(x, axes)
+  y = xc * (var + eps).rsqrt()
+  shp = _affine_shape(input, C)
+  if weight is not None: y = y * weight._cast(x.dtype).reshape(shp)
+  if bias is not None: y = y + bias._cast(x.dtype).reshape(shp)
+  if d in HALF_FLOATS: y = y._cast(d)
+  n = math.prod(input.shape[2:])
+  with fg.no_grad():
+    if running_mean is not None:
+      new = (1 - momentum) * running_mean + momentum * mean.detach().reshape(N, C).mean(0)
+      running_mean._assign(new._cast(running_mean.dtype))
+    if running_var is not None:
+      unbiased = var.detach().reshape(N, C) * (n / (n - 1))
+      running_var._assign(((1 - momentum) * running_var + momentum * unbiased.mean(0))._cast(running_var.dtype))
   return y
 
 

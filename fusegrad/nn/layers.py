@@ -1,6 +1,7 @@
 """Layers with PyTorch's constructor arguments, parameter names, shapes and default initialisation."""
 from __future__ import annotations
 import math
+import warnings
 import fusegrad as fg
 from fusegrad.tensor import Tensor
 from fusegrad.nn import functional as F, init
@@ -155,6 +156,7 @@ class _MaxPoolNd(Module):
 
 class MaxPool1d(_MaxPoolNd): _nd = 1
 class MaxPool2d(_MaxPoolNd): _nd = 2
+class MaxPool3d(_MaxPoolNd): _nd = 3
 
 
 class _AvgPoolNd(Module):
@@ -184,6 +186,18 @@ class AdaptiveAvgPool1d(Module):
 
 class AdaptiveAvgPool2d(AdaptiveAvgPool1d):
   def forward(self, input): return F.adaptive_avg_pool2d(input, self.output_size)
+
+
+class AdaptiveMaxPool1d(Module):
+  def __init__(self, output_size, return_indices: bool = False):
+    super().__init__()
+    self.output_size, self.return_indices = output_size, return_indices
+  def forward(self, input): return F.adaptive_max_pool1d(input, self.output_size, self.return_indices)
+  def extra_repr(self) -> str: return f"output_size={self.output_size}"
+
+
+class AdaptiveMaxPool2d(AdaptiveMaxPool1d):
+  def forward(self, input): return F.adaptive_max_pool2d(input, self.output_size, self.return_indices)
 
 
 class _BatchNorm(Module):
@@ -238,6 +252,43 @@ class _BatchNorm(Module):
 
 class BatchNorm1d(_BatchNorm): _dims = (2, 3)
 class BatchNorm2d(_BatchNorm): _dims = (4,)
+
+
+class _InstanceNorm(_BatchNorm):
+  """torch's InstanceNorm: _BatchNorm's parameters and buffers (num_batches_tracked too, never counted), without
+  affine parameters or running statistics by default; an unbatched input ([C, *spatial]) is normalized as a batch of
+  one."""
+  def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
+               track_running_stats: bool = False, device=None, dtype=None, *, bias: bool = True):
+    super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+
+  def forward(self, input: Tensor) -> Tensor:
+    if input.ndim not in self._dims:
+      raise ValueError(f"expected {self._dims[0]}D or {self._dims[1]}D input (got {input.ndim}D input)")
+    fdim = input.ndim - self._dims[0]
+    if input.shape[fdim] != self.num_features:
+      if self.affine:
+        raise ValueError(f"expected input's size at dim={fdim} to match num_features ({self.num_features}), but got: "
+                         f"{input.shape[fdim]}.")
+      warnings.warn(f"input's size at dim={fdim} does not match num_features. You can silence this warning by not "
+                    f"passing in num_features, which is not used because affine=False", stacklevel=2)
+    unbatched = input.ndim == self._dims[0]
+    x = input.unsqueeze(0) if unbatched else input
+    use_input = self.training or not self.track_running_stats
+    track = use_input and self.track_running_stats
+    if track:   # the last step's lazy statistics realized before another update chains onto them (as _BatchNorm)
+      pending = [t for t in (self.running_mean, self.running_var)
+                 if not t.node.realized and t.node.op not in ("BUFFER", "CONST")]
+      if pending: fg.realize(*pending)
+    y = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias, use_input,
+                        self.momentum if self.momentum is not None else 0.0, self.eps)
+    if track: realize_later(self.running_mean, self.running_var)
+    return y.squeeze(0) if unbatched else y
+
+
+class InstanceNorm1d(_InstanceNorm): _dims = (2, 3)
+class InstanceNorm2d(_InstanceNorm): _dims = (3, 4)
+class InstanceNorm3d(_InstanceNorm): _dims = (4, 5)
 
 
 class LayerNorm(Module):
@@ -500,6 +551,7 @@ Tanh = _activation("Tanh", F.tanh)
 Hardtanh = _activation("Hardtanh", F.hardtanh, ("min_val", "max_val"), (-1.0, 1.0))
 Hardsigmoid = _activation("Hardsigmoid", F.hardsigmoid)
 Hardswish = _activation("Hardswish", F.hardswish)
+GLU = _activation("GLU", F.glu, ("dim",), (-1,))
 LogSigmoid = _activation("LogSigmoid", F.logsigmoid)
 def _softmax_dim(x: Tensor, dim) -> int:   # PyTorch's legacy choice when no dim is given
   return dim if dim is not None else (0 if x.ndim in (0, 1, 3) else 1)

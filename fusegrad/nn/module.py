@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections import OrderedDict, namedtuple
 from typing import Iterator
 import fusegrad as fg
-from fusegrad import alias
+from fusegrad import alias, autograd
 from fusegrad import dtype as dt
 from fusegrad.tensor import Tensor
 from fusegrad.engine import jit as _jit
@@ -37,6 +37,91 @@ def _set_value(t: Tensor, value: Tensor, same_storage: bool = True) -> None:
 
 
 _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+               "_forward_hooks_always_called", "_backward_hooks")
+
+
+def _identity(t: Tensor) -> Tensor:
+  """t as a new tensor whose recipe is the identity: a module's input or output whose gradient a full backward hook
+  sees apart from the tensor's other uses (torch's BackwardHookFunction)."""
+  r = Tensor(_node=t.node)
+  autograd.record(r, "CONTIGUOUS", None, (t,))
+  return r
+
+
+class _BackwardHook:
+  """One call's full backward hooks (torch's utils.hooks.BackwardHook): the module's positional tensor inputs and
+  its outputs pass through identity recipes; autograd hands each side's gradients over together once they are
+  complete (`autograd._group_hook`), the outputs' first (kept as grad_output), then the inputs', where the user
+  hooks run and may replace them (grad_input: None for an argument that is no tensor, zeros for a tensor that needs
+  no gradient, as torch's). No input needing a gradient: the hooks run with the outputs' gradients."""
+
+  def __init__(self, module, hooks: list):
+    self.module, self.hooks = module, hooks
+    self.grad_outputs = None
+    self.n_inputs, self.input_index, self.no_grad_inputs = 0, None, ()
+    self.n_outputs, self.output_index = 0, None
+
+  @staticmethod
+  def _wrap(args: tuple):
+    """(args with each tensor that needs a gradient passed through an identity, their positions) or (args, None)."""
+    idx = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.requires_grad]
+    if not idx: return args, None
+    out = list(args)
+    for i in idx: out[i] = _identity(args[i])
+    return tuple(out), idx
+
+  @staticmethod
+  def _pack(idx, values, n: int) -> tuple:
+    out = [None] * n
+    for i, v in zip(idx or (), values): out[i] = v
+    return tuple(out)
+
+  def setup_input_hook(self, args: tuple) -> tuple:
+    self.n_inputs = len(args)
+    # (torch's grad_input holds zeros for a tensor input that needs no gradient, beside one that does)
+    self.no_grad_inputs = tuple((i, a) for i, a in enumerate(args) if isinstance(a, Tensor) and not a.requires_grad)
+    args, self.input_index = self._wrap(args)
+    if self.input_index is not None:
+      autograd._group_hook([args[i] for i in self.input_index], self._on_inputs)
+    return args
+
+  def setup_output_hook(self, result):
+    single = not isinstance(result, tuple)
+    outs = (result,) if single else result
+    self.n_outputs = len(outs)
+    outs, self.output_index = self._wrap(outs)
+    if self.output_index is not None:
+      autograd._group_hook([outs[i] for i in self.output_index], self._on_outputs)
+    return outs[0] if single else outs
+
+  def _on_outputs(self, grads: tuple):
+    self.grad_outputs = self._pack(self.output_index, grads, self.n_outputs)
+    if self.input_index is None:   # no input needs a gradient: the hooks are called here (torch's special case)
+      grad_inputs = (None,) * self.n_inputs
+      for hook in self.hooks:
+        r = hook(self.module, grad_inputs, self.grad_outputs)
+        if r is not None and not (isinstance(r, tuple) and all(x is None for x in r)):
+          raise RuntimeError("Backward hook for Modules where no input requires gradient should always return None "
+                             "or None for all gradients.")
+      self.grad_outputs = None
+    return None
+
+  def _on_inputs(self, grads: tuple):
+    if self.grad_outputs is None: return None   # the gradient reached the inputs without passing the outputs
+    res = list(self._pack(self.input_index, grads, self.n_inputs))
+    for i, a in self.no_grad_inputs: res[i] = fg.zeros_like(a)
+    res = tuple(res)
+    for hook in self.hooks:
+      out = hook(self.module, res, self.grad_outputs)
+      if out is None: continue
+      out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+      if len(out) != len(res):
+        raise RuntimeError(f"Backward hook returned an invalid number of grad_input, got {len(out)}, but expected "
+                           f"{len(res)}")
+      res = out
+    self.grad_outputs = None
+    return tuple(res[i] for i in self.input_index)
 
 
 class Module:
@@ -50,6 +135,7 @@ class Module:
     object.__setattr__(self, "_non_persistent", set())
     object.__setattr__(self, "_modules", OrderedDict())
     object.__setattr__(self, "training", True)
+    for name in _HOOK_DICTS: object.__setattr__(self, name, OrderedDict())
 
   # ---- registration ----
   def _registry(self) -> tuple:
@@ -261,7 +347,89 @@ class Module:
 
   def __call__(self, *args, **kwargs):
     _jit.note_module(self)   # a captured step (fusegrad.jit) is replayed only while the module is in this mode
+    d = self.__dict__
+    if d.get("_forward_pre_hooks") or d.get("_forward_hooks") or d.get("_backward_hooks"):
+      return self._call_with_hooks(args, kwargs)
     return self.forward(*args, **kwargs)
+
+  # ---- hooks (torch's Module._call_impl order: pre-hooks, forward, forward hooks; full backward hooks watch the
+  # inputs and the final output). They are Python each call runs: the eager trace records the tensor calls they
+  # make like any other code between events; fusegrad.jit, whose replays run no Python, refuses to capture them.
+  def _hooks(self, name: str) -> OrderedDict:
+    d = self.__dict__.get(name)
+    if d is None: object.__setattr__(self, name, d := OrderedDict())
+    return d
+
+  def register_forward_pre_hook(self, hook, *, prepend: bool = False, with_kwargs: bool = False):
+    """hook(module, args) -> None or new args (a non-tuple is wrapped in one), run before forward; with_kwargs:
+    hook(module, args, kwargs) -> None or (new args, new kwargs). Returns a handle whose remove() undoes it."""
+    hooks = self._hooks("_forward_pre_hooks")
+    h = autograd.RemovableHandle(hooks, extra_dict=self._hooks("_forward_pre_hooks_with_kwargs"))
+    hooks[h.id] = hook
+    if with_kwargs: self._forward_pre_hooks_with_kwargs[h.id] = True
+    if prepend: hooks.move_to_end(h.id, last=False)
+    return h
+
+  def register_forward_hook(self, hook, *, prepend: bool = False, with_kwargs: bool = False,
+                            always_call: bool = False):
+    """hook(module, args, output) -> None or a new output, run after forward (with_kwargs: hook(module, args,
+    kwargs, output)); always_call: also when forward raises (output None then), as torch's."""
+    hooks = self._hooks("_forward_hooks")
+    h = autograd.RemovableHandle(hooks, extra_dict=[self._hooks("_forward_hooks_with_kwargs"),
+                                                    self._hooks("_forward_hooks_always_called")])
+    hooks[h.id] = hook
+    if with_kwargs: self._forward_hooks_with_kwargs[h.id] = True
+    if always_call: self._forward_hooks_always_called[h.id] = True
+    if prepend: hooks.move_to_end(h.id, last=False)
+    return h
+
+  def register_full_backward_hook(self, hook, prepend: bool = False):
+    """hook(module, grad_input, grad_output) -> None or a new grad_input, called when the gradients with respect
+    to the module's positional tensor inputs are computed (grad_input: one entry per positional argument, None for
+    one that is no tensor needing a gradient; grad_output: one per output). As torch's, also when no input needs a
+    gradient (grad_input all None; it must return None then)."""
+    hooks = self._hooks("_backward_hooks")
+    h = autograd.RemovableHandle(hooks)
+    hooks[h.id] = hook
+    if prepend: hooks.move_to_end(h.id, last=False)
+    autograd._unfollowable(f"a full backward hook was registered on a {type(self).__name__}")
+    return h
+
+  def _call_with_hooks(self, args: tuple, kwargs: dict):
+    d = self.__dict__
+    autograd._refuse_capture(f"fusegrad.jit: the step calls a {type(self).__name__} that has hooks (forward, "
+                             "forward pre- or full backward hooks): Python that a replay does not run. Remove the "
+                             "hooks or call the step without fusegrad.jit")
+    with_kw = d.get("_forward_pre_hooks_with_kwargs", {})
+    for hid, hook in list(d.get("_forward_pre_hooks", {}).items()):
+      if hid in with_kw:
+        r = hook(self, args, kwargs)
+        if r is not None:
+          if not (isinstance(r, tuple) and len(r) == 2):
+            raise RuntimeError(f"forward pre-hook must return None or a tuple of (new_args, new_kwargs), but got {r}.")
+          args, kwargs = r
+      else:
+        r = hook(self, args)
+        if r is not None: args = r if isinstance(r, tuple) else (r,)
+    bw = None
+    if d.get("_backward_hooks") and autograd.grad_enabled():
+      bw = _BackwardHook(self, list(d["_backward_hooks"].values()))
+      args = bw.setup_input_hook(args)
+    hooks = list(d.get("_forward_hooks", {}).items())
+    with_kw, always = d.get("_forward_hooks_with_kwargs", {}), d.get("_forward_hooks_always_called", {})
+    try:
+      result = self.forward(*args, **kwargs)
+    except BaseException:
+      for hid, hook in hooks:
+        if hid in always:
+          try: hook(self, args, kwargs, None) if hid in with_kw else hook(self, args, None)
+          except Exception: pass   # (torch warns and re-raises forward's error)
+      raise
+    for hid, hook in hooks:
+      r = hook(self, args, kwargs, result) if hid in with_kw else hook(self, args, result)
+      if r is not None: result = r
+    if bw is not None: result = bw.setup_output_hook(result)
+    return result
 
   def extra_repr(self) -> str: return ""
 

@@ -13,6 +13,7 @@ State follows PyTorch's layout and names (`momentum_buffer`, `exp_avg`, `exp_avg
 """
 from __future__ import annotations
 import abc
+import collections
 import copy
 import itertools
 import numpy as np
@@ -46,7 +47,7 @@ class Optimizer(abc.ABC):
     groups = params if isinstance(params[0], dict) else [{"params": params}]
     self.defaults = defaults
     self.param_groups: list[dict] = []
-    self.state: dict[int, dict] = {}     # id(param) -> {name: Tensor or number}; keys starting with _ are internal
+    self.state = _ParamState()   # param -> {name: Tensor or number}; keys starting with _ are internal
     for g in groups: self.add_param_group(g)
     _jit.watch(self)   # a captured step may change hyperparameters only through a scheduler (see _jit_state)
 
@@ -74,6 +75,7 @@ class Optimizer(abc.ABC):
     if any(id(p) in seen for p in g["params"]):
       raise ValueError("some parameters appear in more than one parameter group")
     self.param_groups.append(g)
+    self.state.know(g["params"])
 
   def zero_grad(self, set_to_none: bool = True) -> None:
     for g in self.param_groups:
@@ -114,7 +116,7 @@ class Optimizer(abc.ABC):
     _trace.in_step[0] += 1    # a replayed step follows the writes into parameters and state made here
     try:
       with fg.no_grad():
-        work = [(p, g, self.state.setdefault(id(p), {})) for g in self.param_groups for p in g["params"]
+        work = [(p, g, self.state[p]) for g in self.param_groups for p in g["params"]
                 if p.grad is not None]
         updates = _updates.step_all(self, [(p, g, st, self._scalars(p, g, st)) for p, g, st in work])
       if updates: fg.realize(*updates)
@@ -163,7 +165,7 @@ class Optimizer(abc.ABC):
     state = {}
     for g in self.param_groups:
       for p in g["params"]:
-        st = {k: v for k, v in self.state.get(id(p), {}).items() if not k.startswith("_")}
+        st = {k: v for k, v in self.state.get(p, {}).items() if not k.startswith("_")}
         if st: state[index[id(p)]] = st
     return {"state": state, "param_groups": groups}
 
@@ -177,14 +179,69 @@ class Optimizer(abc.ABC):
       raise ValueError("loaded state dict contains a parameter group that doesn't match the size of optimizer's group")
     params = dict(zip(itertools.chain.from_iterable(s["params"] for s in saved),
                       itertools.chain.from_iterable(g["params"] for g in self.param_groups)))
-    state: dict[int, dict] = {}
+    state = _ParamState()
+    state.know(params.values())
     for k, st in state_dict["state"].items():
       if k not in params: continue
       p = params[k]
-      state[id(p)] = {name: _load_value(p, name, v, k, self._HOST_STATE) for name, v in st.items()}
+      state[p] = {name: _load_value(p, name, v, k, self._HOST_STATE) for name, v in st.items()}
     self.param_groups = [{**s, "params": g["params"]} for g, s in zip(self.param_groups, saved)]
     self.state = state
     _jit.invalidate()   # a captured step holds the old groups and state tensors
+
+
+class _ParamState(collections.defaultdict):
+  """Optimizer.state as torch's: a defaultdict(dict) keyed by the parameter itself (tensors hash by identity, and a
+  dict compares a key's identity before its elementwise ==), so `opt.state[p]["exp_avg"]` reads as in torch. An int
+  key is still taken as a parameter's id (this mapping's earlier keys): the optimizer tells it its parameters."""
+
+  def __init__(self):
+    super().__init__(dict)
+    self._ids: dict = {}   # id(param) -> param: the optimizer's parameters and every key
+
+  def know(self, params) -> None:
+    for p in params: self._ids[id(p)] = p
+
+  def _key(self, k):
+    if type(k) is int:
+      p = self._ids.get(k)
+      if p is None: raise KeyError(k)
+      return p
+    return k
+
+  def __getitem__(self, k): return super().__getitem__(self._key(k))
+
+  def __setitem__(self, k, v) -> None:
+    k = self._key(k)
+    if isinstance(k, Tensor): self._ids[id(k)] = k
+    super().__setitem__(k, v)
+
+  def __delitem__(self, k) -> None: super().__delitem__(self._key(k))
+
+  def __contains__(self, k) -> bool:
+    return (k in self._ids and super().__contains__(self._ids[k])) if type(k) is int else super().__contains__(k)
+
+  def get(self, k, default=None):
+    if type(k) is int:
+      if k not in self._ids: return default
+      k = self._ids[k]
+    return super().get(k, default)
+
+  def setdefault(self, k, default=None):
+    k = self._key(k)
+    if k not in self: self[k] = default
+    return super().__getitem__(k)
+
+  def pop(self, k, *default):
+    try: k = self._key(k)
+    except KeyError:
+      if default: return default[0]
+      raise
+    return super().pop(k, *default)
+
+  def __reduce__(self):   # (copy, deepcopy, pickle: rebuilt through __setitem__, which knows the keys' ids again)
+    return type(self), (), None, None, iter(self.items())
+
 
 
 def _load_value(p: Tensor, name: str, v, key=None, host: tuple = ("step",)):
@@ -330,7 +387,7 @@ class Adagrad(Optimizer):
     super().add_param_group(group)
     g = self.param_groups[-1]
     for p in g["params"]:   # PyTorch creates Adagrad's state up front
-      self.state.setdefault(id(p), {}).update(step=0, sum=fg.full_like(p, g["initial_accumulator_value"]))
+      self.state[p].update(step=0, sum=fg.full_like(p, g["initial_accumulator_value"]))
 
   def _hyper(self, g, state):
     t = state["step"] = state.get("step", 0) + 1

@@ -163,7 +163,7 @@ class LBFGS(Optimizer):
     st = state_dict["state"]
     if st:
       first = next(iter(st.values()))
-      self.state[id(self._params[0])] = {k: _host(v) for k, v in first.items()}
+      self.state[self._params[0]] = {k: _host(v) for k, v in first.items()}
 
   def step(self, closure):  # type: ignore[override]
     """Up to max_iter L-BFGS iterations; closure clears the gradients, computes the loss, backpropagates and
@@ -182,7 +182,7 @@ class LBFGS(Optimizer):
     def evaluate():
       with fg.enable_grad(): return closure()
 
-    state = self.state.setdefault(id(self._params[0]), {})
+    state = self.state[self._params[0]]
     state.setdefault("func_evals", 0)
     state.setdefault("n_iter", 0)
     orig_loss = evaluate()
