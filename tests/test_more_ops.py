@@ -398,11 +398,12 @@ def test_glu_errors(shape, dim, match):
 def test_instance_norm_functional(rng, shape, affine):
   C = shape[1]
   x = randn(rng, *shape) * 3 + 1
+  # (atol 1e-3: over 2 spatial elements the input gradient is a cancellation of terms near 1 down to the eps term)
   if affine:
     run(lambda L, F, x, w, b: F.instance_norm(x, weight=w, bias=b, eps=1e-3), x, randn(rng, C), randn(rng, C),
-        rtol=1e-4, atol=1e-4, rng=rng)
+        rtol=1e-4, atol=1e-3, rng=rng)
   else:
-    run(lambda L, F, x: F.instance_norm(x), x, rtol=1e-4, atol=1e-4, rng=rng)
+    run(lambda L, F, x: F.instance_norm(x), x, rtol=1e-4, atol=1e-3, rng=rng)
   # running statistics: updated from the batch's instances; without use_input_stats they normalize
   rm, rv = randn(rng, C), rng.uniform(0.5, 2, C).astype(np.float32)
   def stats(L, F, x, rm, rv):
