@@ -103,7 +103,7 @@ def to_dtype(x) -> DType:
   name = str(x)
   if name.startswith("torch."): return to_dtype(name[6:])
 
-  if x is builtins.float: return float32
+  if x is builtins.float: return float64   # (torch: dtype=float is torch.float64, Python's float being a double)
   if x is builtins.int: return int64
   if x is builtins.bool: return bool_
   try:

@@ -54,7 +54,9 @@ def _check_not_pickle(head: bytes, name: str) -> None:
   if head[:4] == b"PK\x03\x04":
     raise _state.StateFileError(f"{name}: this is a PyTorch file in torch.save's zip (pickle) format; fusegrad never "
                                 f"unpickles (unpickling runs code the file carries). To use it, {_CONVERT}")
-  if head[:1] == b"\x80":
+  # (a safetensors file starts with its header's length, 8 bytes little-endian, then the header's "{": a length of
+  # 128 mod 256 also starts with 0x80, the byte a pickle starts with)
+  if head[:1] == b"\x80" and head[8:9] != b"{":
     raise _state.StateFileError(f"{name}: this is a pickle file (legacy torch.save format); fusegrad never unpickles "
                                 f"(unpickling runs code the file carries). To use it, {_CONVERT}")
 
@@ -68,12 +70,12 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
   device = _target_device(map_location)
   if hasattr(f, "read"):
     data = f.read()
-    _check_not_pickle(data[:4], getattr(f, "name", "<file object>"))
+    _check_not_pickle(data[:9], getattr(f, "name", "<file object>"))
     with tempfile.TemporaryDirectory() as d:
       p = os.path.join(d, "state.safetensors")
       with open(p, "wb") as fh: fh.write(data)
       return _state.load(p, device=device)
   path = os.fspath(f)
   if os.path.isfile(path):
-    with open(path, "rb") as fh: _check_not_pickle(fh.read(4), path)
+    with open(path, "rb") as fh: _check_not_pickle(fh.read(9), path)
   return _state.load(path, device=device)

@@ -297,6 +297,10 @@ class Tensor:
       raise RuntimeError(f"Boolean value of Tensor with {self.numel()} values is ambiguous")
     return bool(self.item())
   def __float__(self) -> float: return float(self.item())
+  def __format__(self, spec: str) -> str:
+    """f"{loss:.4f}": a one-element tensor formats its value (as torch's); others, and an empty spec, their repr."""
+    if spec and self.numel() == 1: return format(self.item(), spec)
+    return format(repr(self), spec)
   def __int__(self) -> int: return int(self.item())
   def __index__(self) -> int:
     if not (self.dtype.is_int or self.dtype.is_bool) or self.numel() != 1:
@@ -318,6 +322,7 @@ class Tensor:
       if dev != out.device:
         _check_device_dtype(dev, out.dtype)
         out = out._prim("COPY", dev, gn.copy_to(out.node, dev))
+    if kwargs.get("copy") and out is self: out = self.clone()   # (a new tensor even where nothing changes, torch's)
     return out
 
   def cpu(self) -> "Tensor": return self.to("CPU")
@@ -749,7 +754,9 @@ class Tensor:
     if self.dtype.is_float:   # PyTorch's `~` raises TypeError where its bitwise_not raises NotImplementedError
       raise TypeError(f"~ (operator.invert) is only implemented on integer and Boolean-type tensors, not {self.dtype.name}")
     return self.bitwise_not()
-  def __eq__(self, o): return self.eq(o)      # type: ignore[override]
+  def __eq__(self, o):   # type: ignore[override]
+    if o is None: return False   # (torch's: `t == None` is False, not an elementwise comparison)
+    return self.eq(o)
   def __ne__(self, o): return self.ne(o)      # type: ignore[override]
   def __lt__(self, o): return self.lt(o)
   def __le__(self, o): return self.le(o)
@@ -1224,7 +1231,7 @@ class Tensor:
       value = value._cast(self.dtype)
     out = where(mask, value, self)
     return out._cast(self.dtype)._broadcast_to(self.shape) if out.shape != self.shape or out.dtype != self.dtype else out
-  def clone(self) -> "Tensor":
+  def clone(self, *, memory_format=None) -> "Tensor":   # (memory_format: accepted; fusegrad keeps one layout)
     # values are immutable nodes, so a clone is a new tensor on the same value (x * 1 keeps -0.0 and NaN payloads);
     # in-place ops on it rebind only the clone
     if self.dtype.is_bool: return self.logical_or(False)
@@ -1564,8 +1571,10 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
     if arr.dtype == object or arr.dtype == np.uint64:   # Python ints past int64 (numpy made them uint64 or objects)
       arr = _big_ints(data, arr, d)
     # Python floats: default dtype (numpy float scalars keep theirs, as in torch.tensor)
-    if arr.dtype.kind == "f" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.float32)
-    if arr.dtype.kind in "iu" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.int64)
+    if d is None and arr.dtype.kind in "fiu" and isinstance(data, (list, tuple)) and _numpy_leaf(data):
+      arr = arr.astype(_list_dtype(data).np)   # a list holding numpy scalars or arrays: theirs promoted, as torch
+    elif arr.dtype.kind == "f" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.float32)
+    elif arr.dtype.kind in "iu" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.int64)
   if arr.dtype.kind not in "biuf": raise TypeError(f"unsupported numpy dtype {arr.dtype} for a tensor")
   if d is not None and not isinstance(data, np.ndarray): _check_fits(arr, d)   # PyTorch checks Python numbers only
   if d is not None and d != dt.bfloat16:
@@ -1576,6 +1585,30 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
   elif d is None:
     dt.from_numpy(arr.dtype)   # raises a clear error for uint16 and friends
   return arr
+
+
+def _numpy_leaf(data) -> bool:
+  """Does a nested list hold numpy scalars or arrays (then its dtype comes from its elements)? Its first leaf and its
+  top level are looked at (a full walk of a long list of Python numbers would cost as much as building it)."""
+  if builtins.any(isinstance(x, (np.generic, np.ndarray)) for x in data): return True
+  while isinstance(data, (list, tuple)) and data: data = data[0]
+  return isinstance(data, (np.generic, np.ndarray))
+
+
+def _list_dtype(data) -> DType:
+  """torch.tensor's dtype of a list: each element's (a Python float the default float, an int int64, a bool bool, a
+  numpy scalar or array its own) promoted together."""
+  out = None
+  stack = [data]
+  while stack:
+    x = stack.pop()
+    if isinstance(x, (list, tuple)): stack.extend(x); continue
+    if isinstance(x, (np.generic, np.ndarray)): e = dt.from_numpy(x.dtype)
+    elif isinstance(x, builtins.bool): e = dt.bool_
+    elif isinstance(x, builtins.int): e = dt.int64
+    else: e = dt.default_float
+    out = e if out is None else dt.promote_types(out, e)
+  return out or dt.default_float
 
 
 def _big_ints(data, arr: np.ndarray, d: DType | None) -> np.ndarray:
@@ -1863,6 +1896,8 @@ def randn_like(t: Tensor, dtype=None, device=None) -> Tensor: return randn(t.sha
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  # 0-d tensors as bounds: their values, an integer tensor's as an int (torch's arange(tensor(5)) is int64)
+  start, end, step = (v.item() if isinstance(v, Tensor) else v for v in (start, end, step))
   if end is None: start, end = 0, start
   if step == 0: raise RuntimeError("step must be nonzero")
   n = builtins.max(0, math.ceil((end - start) / step))
@@ -1997,8 +2032,10 @@ def _hash_bits(keys: Tensor, n: int) -> Tensor:
 
 @templated
 def _uniform(bits: Tensor, size: tuple, d: DType) -> Tensor:
-  """uint32 bits -> uniform values in [0, 1) of dtype d, shaped size (24 bits: every float32 value exact)."""
-  u = (bits >> 8)._cast(dt.float32) * (1.0 / (1 << 24))
+  """uint32 bits -> uniform values in [0, 1) of dtype d, shaped size: as many bits as d's significand holds below 1
+  (24: every float32 value exact; float16 11, bfloat16 8, as torch's), so no value rounds up to 1.0 in d."""
+  m = {"float16": 11, "bfloat16": 8}.get(d.name, 24)
+  u = (bits >> (32 - m))._cast(dt.float32) * (1.0 / (1 << m))
   return u._cast(d).reshape(size)
 
 

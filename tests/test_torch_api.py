@@ -578,3 +578,38 @@ def test_mnist_and_vae_style_pieces_match_torch(rng):
   # the reparameterization trick: randn_like of the std's shape
   std = fg.tensor(lv).mul(0.5).exp()
   assert fg.randn_like(std).shape == (3, 2)
+
+
+def test_torch_semantics_of_a_survey_of_tensor_state(tmp_path):
+  """A survey against torch found these: dtype=float is float64; a list of numpy scalars or arrays keeps their
+  dtype; arange over 0-d tensors; to(copy=True) copies; a one-element tensor formats as its value; t == None is False;
+  half-precision rand never gives 1.0; a safetensors file whose header length is 128 mod 256 loads (its first byte is
+  the one a pickle starts with)."""
+  import numpy as np
+  x = fg.tensor([1.0, 2.0, 3.0])
+  assert x.to(float).dtype == fg.float64 and fg.zeros(2, dtype=float).dtype == fg.float64
+  assert fg.tensor([0.1], dtype=float).numpy()[0] == 0.1
+  for data, want in (([np.float64(1.0), np.float64(2.0)], "float64"), ([np.int32(1)], "int32"),
+                     ([np.float16(1)], "float16"), ([np.array([1.0])], "float64"), ([1.0, np.float64(2)], "float64"),
+                     ([1, np.int8(2)], "int64"), ([1.5, 2.5], "float32"), ([1, 2], "int64")):
+    assert fg.tensor(data).dtype.name == want == str(torch.tensor(data).dtype)[6:], data
+  assert fg.arange(fg.tensor(5)).dtype == fg.int64 and fg.arange(0, fg.tensor(3)).numpy().tolist() == [0, 1, 2]
+  y = x.to(fg.float32, copy=True)
+  y.add_(10)
+  assert x.numpy().tolist() == [1.0, 2.0, 3.0]
+  loss = fg.tensor(0.123456)
+  assert f"{loss:.4f}" == f"{torch.tensor(0.123456):.4f}" == "0.1235"
+  assert f"{fg.tensor(7):03d}" == "007"
+  assert (x == None) is False and x.clone(memory_format=None).numpy().tolist() == [1.0, 2.0, 3.0]   # noqa: E711
+  fg.manual_seed(0)
+  for d in ("float16", "bfloat16"):
+    u = fg.rand(1 << 18, dtype=d).float().numpy()
+    assert u.max() < 1.0 and u.min() >= 0.0 and abs(u.mean() - 0.5) < 0.01
+  for n in range(1, 300):   # names of every length mod 256: one makes a header of 128 + 256k bytes
+    path = tmp_path / f"s{n}.safetensors"
+    fg.save({"w" * n: fg.ones(2)}, str(path))
+    if path.read_bytes()[:1] == b"\x80":
+      assert fg.load(str(path))["w" * n].numpy().tolist() == [1.0, 1.0]
+      break
+  else:
+    raise AssertionError("no header length of 128 mod 256 among the names tried")
