@@ -348,6 +348,14 @@ def _window_rule(arg, inputs, out, g):
   from fusegrad.graph.view import View
   x = inputs[0]
   lead, (L, n) = g.shape[:-2], g.shape[-2:]
+  if grad_enabled():
+    # create_graph: Tensor ops only, so the gradient is itself differentiable (the view below is not recorded).
+    # Row i of g shifted right by i (the skew of a [L, n + L] pad read with rows one shorter), summed over rows:
+    # s[j] = sum over i of g[i, j - i]
+    gg = g.reshape(-1, L, n).pad((0, L))                                  # [B, L, n + L]
+    B, W = gg.shape[0], n + L
+    s = gg.reshape(B, L * W).narrow(1, 0, L * (W - 1)).reshape(B, L, W - 1).sum(1)
+    return (s.reshape(x.shape),)
   gp = g.reshape(-1, L, n).pad((0, 0, n - 1, n - 1)).contiguous()      # [B, L + 2n - 2, n]
   B, rows = gp.shape[0], L + 2 * n - 2
   v = View((B, L + n - 1, n), (rows * n, n, -(n - 1)), (n - 1) * n, None)
@@ -465,6 +473,7 @@ RULES = {
   "RELU": lambda arg, ins, out, g: (_where(out <= 0, 0, g),),
   "COPY": lambda arg, ins, out, g: (g.to(ins[0].device),),
   "ZERO_GRAD": lambda arg, ins, out, g: (_zeros(ins[0]),),
+  "LINK": lambda arg, ins, out, g: (g, _ZERO),   # see _linked
   # the inverse trig/hyperbolic functions of ops_math.py (their compositions are not differentiated)
   "ASIN": lambda arg, ins, out, g: (g / ((1 - ins[0]) * (1 + ins[0])).sqrt(),),
   "ACOS": lambda arg, ins, out, g: (-g / ((1 - ins[0]) * (1 + ins[0])).sqrt(),),
@@ -484,6 +493,26 @@ RULES = {
 def _zeros(x):
   from fusegrad.tensor import zeros_like
   return zeros_like(x)
+
+
+class _Zero:
+  """A LINK rule's gradient for the input it links: zeros where nothing else reaches that input (_run)."""
+
+
+_ZERO = _Zero()
+
+
+def _linked(g, x):
+  """g (a gradient of x computed with create_graph) as a tensor that is differentiable in x: PyTorch's gradients
+  under create_graph are functions of the inputs, possibly constant (the third derivative of (x @ y) ** 2 in x, the
+  second through a convolution or a max-pool), so a further grad of them gives zeros, not None or "does not require
+  grad". Same node: the value is g's; the LINK recipe passes g's gradient on and gives x zeros (none where x gets
+  another gradient)."""
+  if not x.requires_grad or not g.dtype.is_float: return g
+  from fusegrad.tensor import Tensor
+  r = Tensor(_node=g.node)
+  with enable_grad(): record(r, "LINK", None, (g, x))
+  return r
 
 
 # ---- what each rule reads: PyTorch's saved tensors -------------------------------------------------------
@@ -620,28 +649,45 @@ def _run(outputs, grad_outputs, inputs=None, retain_graph: bool = False, create_
     elif tpl is not None:
       _templates_hits[0] += 1
       return tpl.run(order, ins_of, key[1], retain_graph), order
+  # with `inputs`, a rule runs where one of its inputs leads to a wanted tensor (a wanted non-leaf's gradient is
+  # complete when its turn comes, and propagation goes on through it to wanted tensors below, as PyTorch's)
+  needed = None
+  if wanted is not None:
+    needed = set()
+    for t in order:
+      if id(t) in wanted or (t._ctx is not None and any(id(i) in needed for i in ins_of[id(t)])): needed.add(id(t))
   reads = _jit.host_reads[0]
   done = []
   fired: set = set()
+  zeroed: set = set()    # ids whose gradient so far is only a LINK's zeros (replaced, not added to, by a real one)
   with (enable_grad() if create_graph else no_grad()):
     for t in (_grouped(order, ins_of) if hooked and _groups else reversed(order)):
       if hooked: _call_hooks(t, grads, fired)
       g = grads.get(id(t))
       if g is None or t._ctx is None: continue
-      if wanted is not None and id(t) in wanted: continue
+      ins = ins_of[id(t)]
+      if needed is not None and not any(id(i) in needed for i in ins): continue
       ctx = t._ctx
       kind, arg, _, out_node = ctx[:4]
       if out_node is _FREED: raise RuntimeError(_SECOND)
-      ins = ins_of[id(t)]
       _check_saved(t, ctx, ins)
       out = t if t.node is out_node else _T(out_node)
       gs = RULES[kind](arg, ins, out, g)
       done.append((t, ins))
       for i, gi in zip(ins, gs):
         if gi is None or not i.requires_grad: continue
+        k = id(i)
+        if gi is _ZERO:    # a LINK's input: zeros, where no other gradient reaches it
+          if k not in grads:
+            grads[k] = _zeros(i)
+            zeroed.add(k)
+          continue
         if gi.dtype != i.dtype and i.dtype.is_float: gi = gi.to(i.dtype)
         if gi.shape != i.shape: gi = gi.expand(*i.shape) if gi.numel() == 1 else gi.reshape(i.shape)
-        grads[id(i)] = gi if id(i) not in grads else grads[id(i)] + gi
+        if k in zeroed:
+          zeroed.discard(k)
+          grads[k] = gi
+        else: grads[k] = gi if k not in grads else grads[k] + gi
   if key is not None: _record(key, order, grads, done, reads)
   if not retain_graph:    # release what the rules saved, as PyTorch frees a graph's saved tensors
     for t, ins in done: _free(t, ins)
@@ -998,6 +1044,7 @@ def backward(t, gradient=None, retain_graph: bool | None = None, create_graph: b
       else:
         if id(g) in given or g._alias is not None: g = g.clone()
         given.add(id(g))
+        g = _linked(g, leaf)
       if written is not None: written.append((leaf, leaf.grad))
       leaf.grad = g if leaf.grad is None else leaf.grad + g
       if _post_hooks:
@@ -1026,5 +1073,5 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, c
         raise RuntimeError("One of the differentiated Tensors appears to not have been used in the graph. "
                            "Set allow_unused=True if this is the desired behavior.")
       out.append(None)
-    else: out.append(grads[id(i)])
+    else: out.append(_linked(grads[id(i)], i) if create_graph else grads[id(i)])
   return tuple(out)
