@@ -49,8 +49,12 @@ del _name
 from fusegrad import ops_math as _ops_math  # noqa: E402
 from fusegrad import linalg  # noqa: E402
 from fusegrad.ops_math import tensordot, meshgrid, searchsorted, bucketize, cdist  # noqa: E402
+from fusegrad.ops_math import (as_tensor, asarray, logspace, set_default_dtype, get_default_dtype,  # noqa: E402
+                                normal, poisson, initial_seed, get_rng_state, set_rng_state, scalar_tensor,
+                                empty_strided, clone, adjoint)
 for _name in _ops_math.METHODS: globals()[_name] = _method_function(_name)
 del _name
+bernoulli = _method_function("bernoulli")
 det, inverse, cholesky = linalg.det, linalg.inv, linalg.cholesky
 Tensor.det, Tensor.inverse, Tensor.cholesky = linalg.det, linalg.inv, linalg.cholesky
 

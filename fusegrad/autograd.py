@@ -23,13 +23,49 @@ def grad_enabled() -> bool: return getattr(_state, "enabled", True)
 
 
 class _GradMode(contextlib.ContextDecorator):
+  """no_grad / enable_grad: a context manager, and a decorator with or without parentheses (`@no_grad()`,
+  `@no_grad`), as torch's. Each entry saves the mode it replaces (a decorated function that recurses enters the same
+  object again), and a decorated generator function runs each of its resumptions in the mode."""
   mode = True
+
+  def __new__(cls, orig_func=None):
+    self = super().__new__(cls)
+    if orig_func is None: return self
+    if not callable(orig_func): raise TypeError(f"{cls.__name__}() takes no arguments, got {orig_func!r}")
+    return self(orig_func)
+
+  def __init__(self, orig_func=None):
+    self._prev: list = []
+
   def __enter__(self):
-    self._prev = grad_enabled()
+    self._prev.append(grad_enabled())
     _state.enabled = self.mode
+
   def __exit__(self, *exc):
-    _state.enabled = self._prev
+    _state.enabled = self._prev.pop()
     return False
+
+  def __call__(self, fn):
+    import functools
+    import inspect
+    if inspect.isgeneratorfunction(fn):
+      mode = self.mode
+      @functools.wraps(fn)
+      def gen(*args, **kwargs):
+        g = fn(*args, **kwargs)
+        sent = None
+        while True:
+          prev = grad_enabled()
+          _state.enabled = mode
+          try:
+            item = g.send(sent)
+          except StopIteration as e:
+            return e.value
+          finally:
+            _state.enabled = prev
+          sent = yield item
+      return gen
+    return super().__call__(fn)
 
 
 class no_grad(_GradMode):

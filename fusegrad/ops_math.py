@@ -906,3 +906,461 @@ def _axis_alias(fn):
 for _n in ("sum mean prod amax amin max min argmax argmin var std var_mean std_mean logsumexp all any cumsum cumprod "
            "cummax cummin logcumsumexp nansum count_nonzero median nanmedian mode kthvalue sort argsort").split():
   setattr(Tensor, _n, _axis_alias(getattr(Tensor, _n)))
+
+
+# ---- more of torch's API: metadata, in-place view ops, random fills and samplers, constructors ---------------------
+# (attached below with their own loop: none of these is a module-level function through METHODS)
+
+import struct as _struct  # noqa: E402
+import weakref as _weakref  # noqa: E402
+from fusegrad import alias as _alias  # noqa: E402
+from fusegrad.engine import jit as _jit, trace as _trace  # noqa: E402
+from fusegrad.runtime import device as _rd  # noqa: E402
+import sys as _sys  # noqa: E402
+_tm = _sys.modules["fusegrad.tensor"]   # (the module: `fusegrad.tensor` the attribute is the function)
+
+
+def _g(x) -> str:
+  """A number as C++'s ostream writes it in torch's messages (-1, 0.5, 1e+10)."""
+  return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def stride(self, dim=None):
+  """The strides of a contiguous tensor of self's shape, in elements (fusegrad keeps one layout: every tensor reads
+  as contiguous; a size-0 dim counts as 1, as torch's)."""
+  out, acc = [], 1
+  for s in reversed(self.shape):
+    out.append(acc)
+    acc *= builtins.max(int(s), 1)
+  out = tuple(reversed(out))
+  if dim is None: return out
+  if self.ndim == 0: raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+  return out[_norm_dim(dim, self.ndim)]
+
+
+def storage_offset(self) -> int: return 0
+def is_contiguous(self, memory_format=None) -> bool: return True
+
+
+def data_ptr(self) -> int:
+  """A stable int naming self's storage (alias.py's Storage): the same for self and its views, kept across in-place
+  ops, different for another tensor's. No address: a lazy tensor may have no buffer yet."""
+  return id(_alias.storage_of(self))
+
+
+def _H(self):
+  if self.ndim == 0: return self
+  if self.ndim != 2:
+    raise RuntimeError(f"tensor.H is only supported on matrices (2-D tensors). Got {self.ndim}-D tensor."
+                       + (" For batches of matrices, consider using tensor.mH" if self.ndim > 2 else ""))
+  return self.transpose(0, 1)
+
+
+def _mH(self):
+  if self.ndim == 0: return self
+  if self.ndim < 2:
+    raise RuntimeError(f"tensor.mH is only supported on matrices or batches of matrices. Got {self.ndim}-D tensor.")
+  return self.transpose(-2, -1)
+
+
+def adjoint(self):
+  """The conjugate transpose of the last two dims (fusegrad's tensors are real: the transpose); 0-D: self."""
+  if self.ndim == 0: return self
+  if self.ndim < 2:
+    raise RuntimeError(f"tensor.adjoint() is only supported on matrices or batches of matrices. Got {self.ndim}-D "
+                       f"tensor.")
+  return self.transpose(-2, -1)
+
+
+# -- in place metadata: the tensor becomes a view of its own storage with the new shape
+
+def _inplace_view(self, fn, name: str):
+  """self becomes fn(self) (a view of self's storage: alias.py registers it), in place, as torch's t_() and kin: self
+  joins its storage as a member whose chain ends with the new view op, the storage's base value kept (self stops
+  being the base: the storage's value lives on as a base gone, alias.write's case), so views taken before and after
+  share writes. Autograd: a non-leaf takes the view's recipe (autograd.rebind: recipes recorded before see a
+  stand-in of its earlier state); a leaf that requires grad is refused under grad mode, as torch's in-place ops."""
+  if self.requires_grad and self._ctx is None and autograd.grad_enabled():
+    raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+  _trace.off(f"an in-place view op ({name})")   # the checked traces do not follow a tensor changing its shape
+  new = fn(self)
+  if new is self: return self
+  _jit.note_rebind(self)
+  a, na = self._alias, new._alias
+  if na is None or type(na[1]) is not tuple or a is None or na[0] is not a[0]:   # no view was registered
+    if new._ctx is None: self.node = new.node
+    else:
+      _alias.storage_of(self)
+      autograd.rebind(self, new, next(autograd._seq))
+    return self
+  st = na[0]
+  if st.ref() is self: st.node, st.ref = self.node, _alias._dead
+  if new._ctx is not None:
+    autograd.rebind(self, new, next(autograd._seq))
+  else:
+    self.node = new.node
+  self._alias = (st, na[1], self._alias[2])
+  if not any(w() is self for w in st.members): st.members.append(_weakref.ref(self))
+  return self
+
+
+def t_(self):
+  if self.ndim > 2: raise RuntimeError(f"t_() expects a tensor with <= 2 dimensions, but self is {self.ndim}D")
+  return _inplace_view(self, lambda x: x.t() if x.ndim == 2 else x, "t_")
+
+
+def transpose_(self, dim0: int, dim1: int):
+  if self.ndim: _norm_dim(dim0, self.ndim), _norm_dim(dim1, self.ndim)
+  return _inplace_view(self, lambda x: x.transpose(dim0, dim1), "transpose_")
+
+
+def swapaxes_(self, axis0: int, axis1: int): return transpose_(self, axis0, axis1)
+def swapdims_(self, dim0: int, dim1: int): return transpose_(self, dim0, dim1)
+
+
+def squeeze_(self, dim=None):
+  if dim is not None and self.ndim: _norm_dims(dim, self.ndim)
+  return _inplace_view(self, lambda x: x.squeeze(dim) if dim is not None else x.squeeze(), "squeeze_")
+
+
+def unsqueeze_(self, dim: int):
+  _norm_dim(dim, self.ndim + 1)
+  return _inplace_view(self, lambda x: x.unsqueeze(dim), "unsqueeze_")
+
+
+def detach_(self):
+  """self leaves the autograd graph in place (requires_grad False, a leaf), keeping its value; recipes recorded
+  before still see its earlier state (a stand-in, as autograd.rebind keeps). torch refuses views in the graph."""
+  a = self._alias
+  if self._ctx is not None and a is not None and type(a[1]) is tuple and any(op != "DETACH" for op, _ in a[1]):
+    raise RuntimeError("Can't detach views in-place. Use detach() instead. If you are using DistributedDataParallel "
+                       "(DDP) for training, and gradient_as_bucket_view is set as True, gradients are views of DDP "
+                       "buckets, and hence detach_() cannot be called on these gradients. To fix this error, please "
+                       "refer to the Optimizer.zero_grad() function in torch/optim/optimizer.py as the solution.")
+  _trace.off("detach_")
+  if self._ctx is not None:
+    st = _alias.storage_of(self)
+    a = self._alias
+    old = Tensor(_node=self.node)
+    old._ctx, old.requires_grad = self._ctx, self.requires_grad
+    old._alias = (st, False, a[2])
+    self._alias = (a[0], a[1], (next(autograd._seq), old))
+  self._ctx, self.requires_grad = None, False
+  return self
+
+
+# -- in place fills
+
+def fill_diagonal_(self, fill_value, wrap: bool = False):
+  """The main diagonal (every dim's index equal) set to fill_value; a tall matrix with wrap=True starts again every
+  ncols + 1 rows, as torch's. The positions are a constant mask: one where."""
+  if self.ndim < 2: raise RuntimeError("dimensions must larger than 1")
+  if self.ndim > 2 and len(set(self.shape)) != 1: raise RuntimeError("all dimensions of input must be of equal length")
+  mask = np.zeros(self.numel(), dtype=bool)
+  if self.ndim == 2:
+    h, w = self.shape
+    step = w + 1
+    end = self.numel() if wrap else builtins.min(h, w) * w
+    mask[0:end:step] = True
+  else:
+    n = self.shape[0]
+    mask[0:self.numel():builtins.sum(n ** i for i in range(self.ndim))] = True
+  m = Tensor(mask.reshape(self.shape), device=self.device)
+  return self._assign(where(m, _tm.full(self.shape, fill_value, dtype=self.dtype, device=self.device), self))
+
+
+def _rand_for(self, generator, shape=None, d=None):
+  """Uniform [0, 1) values of self's shape, float64 for a float64 tensor, else float32."""
+  d = d or (dt.float64 if self.dtype == dt.float64 else dt.float32)
+  return _tm.rand(*(self.shape if shape is None else shape), generator=generator, dtype=d, device=self.device)
+
+
+def _continuous(self, what: str) -> None:
+  if not self.dtype.is_float:
+    raise RuntimeError(f"{what} distribution is a continuous probability distribution. dtype must be a floating point "
+                       f"but you specified {dt.scalar_name(self.dtype)}")
+
+
+def bernoulli_(self, p=0.5, *, generator=None):
+  """Each element 1 with probability p (a float, or a tensor broadcast to self's shape), else 0, in self's dtype."""
+  if isinstance(p, Tensor):
+    if not p.dtype.is_float:
+      raise NotImplementedError(f"\"bernoulli_tensor_cpu_p_\" not implemented for '{dt.scalar_name(p.dtype)}'")
+    p = p.detach()._broadcast_to(self.shape) if p.shape != self.shape else p.detach()
+  elif not 0 <= p <= 1: raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={_g(p)}")
+  u = _rand_for(self, generator, d=dt.float64 if isinstance(p, Tensor) and p.dtype == dt.float64 else None)
+  return self._assign((u < p)._cast(self.dtype))
+
+
+def bernoulli(self, p=None, *, generator=None):
+  """Draws of 0/1 with the probabilities self (or p, a float, for every element), in self's dtype. Values outside
+  [0, 1] are not checked (it would read them on the host): a negative one gives 0, one over 1 gives 1. No
+  gradient flows (torch's is zero)."""
+  if p is not None: return Tensor(_node=self.node).bernoulli_(p, generator=generator)
+  if not self.dtype.is_float:
+    raise NotImplementedError(f"\"bernoulli_tensor_cpu_p_\" not implemented for '{dt.scalar_name(self.dtype)}'")
+  probs = Tensor(_node=self.node)
+  return (_rand_for(probs, generator) < probs)._cast(self.dtype)
+
+
+def exponential_(self, lambd: float = 1.0, *, generator=None):
+  _continuous(self, "Exponential")
+  if not lambd > 0: raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={_g(lambd)}")
+  return self.copy_(-(1 - _rand_for(self, generator)).log() * (1.0 / lambd))
+
+
+def geometric_(self, p: float, *, generator=None):
+  """The number of Bernoulli(p) trials up to the first success (>= 1): floor(log(u) / log(1 - p)) + 1, u in (0, 1]."""
+  if not 0 < p < 1: raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={_g(p)}")
+  u = 1 - _rand_for(self, generator, d=dt.float64 if _f64_ok(self.device) else dt.float32)
+  return self.copy_((u.log() * (1.0 / math.log1p(-p))).floor() + 1)
+
+
+def cauchy_(self, median: float = 0.0, sigma: float = 1.0, *, generator=None):
+  _continuous(self, "Cauchy")
+  if not sigma > 0: raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={_g(sigma)}")
+  return self.copy_(((_rand_for(self, generator) - 0.5) * math.pi).tan() * sigma + median)
+
+
+def log_normal_(self, mean: float = 1.0, std: float = 2.0, *, generator=None):
+  if not self.dtype.is_float:
+    raise NotImplementedError(f"\"log_normal_cpu\" not implemented for '{dt.scalar_name(self.dtype)}'")
+  if not std > 0: raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={_g(std)}")
+  d = dt.float64 if self.dtype == dt.float64 else dt.float32
+  z = _tm.randn(*self.shape, generator=generator, dtype=d, device=self.device)
+  return self.copy_((z * std + mean).exp())
+
+
+_C_NAMES = {"bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short", "int32": "int",
+            "uint32": "unsigned int", "int64": "int64_t"}
+_FLOAT_DIGITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+
+
+def random_(self, *args, generator=None, **kwargs):
+  """random_() (integers in [0, 2**mantissa] for a float, the dtype's non-negative range for an integer),
+  random_(to) and random_(from, to) (to excluded), in self's dtype, as torch's."""
+  names = ("from", "to")
+  if len(args) > 2: raise TypeError(f"random_() takes at most 2 positional arguments ({len(args)} given)")
+  vals = dict(zip(("to",) if len(args) == 1 else names, args))
+  for k, v in kwargs.items():
+    if k not in names: raise TypeError(f"random_() got an unexpected keyword argument '{k}'")
+    vals[k] = v
+  lo, hi = int(vals.get("from", 0)), vals.get("to")
+  d = self.dtype
+  if hi is None:
+    if d.is_bool: hi = 2
+    elif d.is_float: hi = (1 << _FLOAT_DIGITS[d.name]) + 1
+    else: hi = int(np.iinfo(d.np).max) + 1
+  hi = int(hi)
+  if lo >= hi: raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={lo} >= to={hi}")
+  if not d.is_float:
+    lim = (0, 1) if d.is_bool else (int(np.iinfo(d.np).min), int(np.iinfo(d.np).max))
+    if not lim[0] <= lo <= lim[1]: raise RuntimeError(f"from is out of bounds for {_C_NAMES[d.name]}")
+    if not lim[0] <= hi - 1 <= lim[1]: raise RuntimeError(f"to - 1 is out of bounds for {_C_NAMES[d.name]}")
+  span = hi - lo
+  if span < (1 << 31):
+    v = _tm.randint(lo, hi, self.shape, generator=generator, device=self.device)
+  else:   # 63 random bits (two draws), reduced to the span
+    b = _tm._random_bits(2 * self.numel(), self.device, generator).reshape(2, self.numel())._cast(dt.int64)
+    v = ((b[0] >> 1) << 32) | b[1]
+    if span < (1 << 63): v = v % span
+    v = (v + lo).reshape(self.shape)
+  return self.copy_(v)
+
+
+def _f64_ok(device) -> bool: return dt.float64 in _rd.get(device).supported
+
+
+# -- samplers and constructors (module-level functions; fusegrad/__init__.py exports them)
+
+def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None, requires_grad: bool = False):
+  """torch.normal: normal(Tensor mean, Tensor std), normal(Tensor mean, float std=1), normal(float mean, Tensor std),
+  normal(float mean, float std, size). The tensor forms broadcast mean and std; no gradient flows to them (torch's
+  is zero)."""
+  mt, sd = isinstance(mean, Tensor), isinstance(std, Tensor)
+  if not isinstance(std, Tensor) and not std >= 0:
+    raise RuntimeError(f"normal expects std >= 0.0, but found std {_g(std)}")
+  if not mt and not sd:
+    if size is None:
+      raise TypeError(f"normal() received an invalid combination of arguments - got ({type(mean).__name__}, "
+                      f"{type(std).__name__}), but expected one of: (Tensor mean, Tensor std), (Tensor mean, float "
+                      f"std), (float mean, Tensor std), (float mean, float std, tuple of ints size)")
+    out = _tm.randn(*(size if isinstance(size, (tuple, list)) else (size,)), generator=generator, dtype=dtype,
+                    device=device) * std + mean
+    return out.requires_grad_() if requires_grad else out
+  ts = [t for t in (mean, std) if isinstance(t, Tensor)]
+  for t in ts:
+    if not t.dtype.is_float:
+      raise NotImplementedError(f"\"normal_kernel_cpu\" not implemented for '{dt.scalar_name(t.dtype)}'")
+  d = ts[0].dtype if len(ts) == 1 else dt.promote_types(ts[0].dtype, ts[1].dtype)
+  shape = broadcast_shapes(*[t.shape for t in ts])
+  m = mean.detach() if mt else mean
+  s = std.detach() if sd else std
+  z = _tm.randn(*shape, generator=generator, dtype=d, device=ts[0].device)
+  return (z * s + m)._cast(d)
+
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _lgamma1p(k):
+  """lgamma(k + 1) for k >= 0: Stirling's series at k + 7 and the six factors below it taken off."""
+  x = k + 1
+  z = x + 6
+  zi = 1 / z
+  s = (z - 0.5) * z.log() - z + _LOG_SQRT_2PI + zi * (1 / 12 - zi * zi * (1 / 360 - zi * zi / 1260))
+  for i in range(6): s = s - (x + i).log()
+  return s
+
+
+def poisson(input, generator=None):
+  """Poisson draws with the rates input, as torch.poisson: rates below 10 by the inverse of the CDF (48 terms), the
+  others by Hörmann's transformed rejection (PTRS, torch's and numpy's method) with 12 candidates per element
+  (all lazy: one kernel, no value read on the host; the chance that every candidate is rejected is below 1e-11:
+  then the last one is taken). Computed in float64 where the device has it. A negative rate gives NaN (torch
+  raises, reading the values). No gradient (torch's is zero)."""
+  if not isinstance(input, Tensor): raise TypeError(f"poisson(): argument 'input' must be Tensor, not {type(input).__name__}")
+  if not input.dtype.is_float:
+    raise NotImplementedError(f"\"poisson_cpu\" not implemented for '{dt.scalar_name(input.dtype)}'")
+  w = dt.float64 if _f64_ok(input.device) else dt.float32
+  lam = Tensor(_node=input.node)._cast(w)
+  shape, dev = input.shape, input.device
+  # small rates: X = #{j >= 0: u >= CDF(j)}
+  small = lam < 10
+  ls = where(small, lam, 0.0)
+  u = _tm.rand(*shape, generator=generator, dtype=w, device=dev)
+  p = (-ls).exp()
+  c, ks = p, (u >= p)._cast(w)
+  for j in range(1, 48):
+    p = p * ls * (1.0 / j)
+    c = c + p
+    ks = ks + (u >= c)._cast(w)
+  # large rates: PTRS, R candidates, the first accepted one
+  R = 12
+  ll = where(small, 10.0, lam)
+  slam, loglam = ll.sqrt(), ll.log()
+  b = 0.931 + 2.53 * slam
+  a = -0.059 + 0.02483 * b
+  log_invalpha = (1.1239 + 1.1328 / (b - 3.4)).log()
+  vr = 0.9277 - 3.6224 / (b - 2)
+  U = _tm.rand(R, *shape, generator=generator, dtype=w, device=dev) - 0.5
+  V = _tm.rand(R, *shape, generator=generator, dtype=w, device=dev)
+  kl = None
+  for r in reversed(range(R)):
+    Ur, Vr = U[r], V[r]
+    us = 0.5 - Ur.abs()
+    us_safe = where(us > 0, us, 1.0)
+    k = ((2 * a / us_safe + b) * Ur + ll + 0.43).floor()
+    k0 = where(k >= 0, k, 0.0)
+    fast = (us >= 0.07) & (Vr <= vr)
+    rej = (us <= 0) | (k < 0) | ((us < 0.013) & (Vr > us))
+    slow = (Vr.log() + log_invalpha - (a / (us_safe * us_safe) + b).log()) <= (-ll + k0 * loglam - _lgamma1p(k0))
+    acc = fast | (rej.logical_not() & slow)
+    kl = k0 if kl is None else where(acc, k0, kl)
+  out = where(small, ks, kl)
+  out = where((lam >= 0).logical_not(), math.nan, out)
+  return out._cast(input.dtype)
+
+
+def initial_seed() -> int:
+  """The seed of the global generator (fusegrad.manual_seed's, or fusegrad.seed's; 0 when never seeded)."""
+  return _tm._RNG.seed
+
+
+def get_rng_state() -> Tensor:
+  """The global generator's state as a uint8 tensor of 16 bytes (its seed and its counter, little-endian);
+  set_rng_state(state) restores it, so the draws after it repeat."""
+  return Tensor(np.frombuffer(_struct.pack("<QQ", _tm._RNG.seed & 0xFFFFFFFFFFFFFFFF, _tm._RNG.counter), np.uint8).copy())
+
+
+def set_rng_state(new_state) -> None:
+  if not isinstance(new_state, Tensor):
+    raise TypeError(f"set_rng_state(): argument 'new_state' must be Tensor, not {type(new_state).__name__}")
+  if new_state.dtype != dt.uint8 or new_state.numel() != 16:
+    raise RuntimeError(f"RNG state is wrong size or type: expected a uint8 tensor of 16 elements (get_rng_state()'s), "
+                       f"got {dt.scalar_name(new_state.dtype)} of {new_state.numel()}")
+  s, c = _struct.unpack("<QQ", new_state.numpy().astype(np.uint8).tobytes())
+  def restore(): _tm._RNG.seed, _tm._RNG.counter = s, c
+  _jit.host(restore)   # (inside a captured step, every replay restores it, as manual_seed seeds)
+
+
+def _default_dtype_for(data, d):
+  """Python floats (not a numpy scalar or array) take the default dtype, as torch's constructors give them."""
+  if d is not None or isinstance(data, (np.ndarray, np.generic, Tensor)): return d
+  try: arr = np.asarray(data)
+  except Exception: return d
+  return dt.default_float if arr.dtype.kind == "f" else d
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+  """data as a tensor without a copy where it can: a fusegrad tensor of that dtype and device is returned itself (else
+  converted, `.to`), a CPU-compatible numpy array is shared (from_numpy), other data is copied."""
+  d = dt.to_dtype(dtype) if dtype is not None else None
+  if isinstance(data, Tensor):
+    out = data
+    if device is not None and _rd.canonical(device) != out.device: out = out.to(_rd.canonical(device))
+    return out if d is None or d == out.dtype else out.to(d)
+  if isinstance(data, np.ndarray) and _rd.canonical(device) == "CPU" and data.dtype.kind in "biuf" and \
+     data.dtype != np.uint16 and (d is None or (d != dt.bfloat16 and np.dtype(d.np) == data.dtype)):
+    from fusegrad.compat import from_numpy
+    return from_numpy(data)
+  return Tensor(data, dtype=_default_dtype_for(data, d), device=device)
+
+
+def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad: bool = False) -> Tensor:
+  """torch.asarray: as_tensor, or a copy when copy=True."""
+  out = as_tensor(obj, dtype=dtype, device=device)
+  if copy and (out is obj or isinstance(obj, np.ndarray)): out = out.clone()
+  if requires_grad: out.requires_grad_()
+  return out
+
+
+def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None, requires_grad: bool = False):
+  """base ** linspace(start, end, steps): computed in float64 on the host, then cast (integers truncate)."""
+  if isinstance(start, Tensor): start = start.item()
+  if isinstance(end, Tensor): end = end.item()
+  if isinstance(steps, Tensor): steps = steps.item()
+  if steps < 0: raise RuntimeError("number of steps must be non-negative")
+  d = dt.to_dtype(dtype) if dtype is not None else dt.default_float
+  with np.errstate(all="ignore"):
+    v = np.power(float(base), np.linspace(float(start), float(end), int(steps), dtype=np.float64))
+  out = Tensor(v, dtype=d, device=device)
+  return out.requires_grad_() if requires_grad else out
+
+
+def set_default_dtype(d) -> None:
+  """The dtype of factories' floats (zeros, rand, arange of floats, ...) and of a Python float in a result type.
+  fusegrad.tensor(1.0) keeps float32 (tensor.py reads no default there)."""
+  d = dt.to_dtype(d)
+  if not d.is_float: raise TypeError("only floating-point types are supported as the default type")
+  dt.default_float = d
+
+
+def get_default_dtype(): return dt.default_float
+
+
+def scalar_tensor(s, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  """A 0-d tensor of s, in the default float dtype unless dtype says otherwise (torch's: even for an int)."""
+  if isinstance(s, Tensor): s = s.item()
+  out = _tm.full((), s, dtype=dt.to_dtype(dtype) if dtype is not None else dt.default_float, device=device)
+  return out.requires_grad_() if requires_grad else out
+
+
+def empty_strided(size, stride, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+  """A tensor of size (zeros): fusegrad has one layout, so stride is checked for its length and otherwise ignored."""
+  size, stride = tuple(size), tuple(stride)
+  if len(size) != len(stride):
+    raise RuntimeError(f"dimensionality of sizes ({len(size)}) must match dimensionality of strides ({len(stride)})")
+  return _tm.empty(*size, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def clone(input, *, memory_format=None) -> Tensor: return input.clone(memory_format=memory_format)
+
+
+for _f in (stride, storage_offset, is_contiguous, data_ptr, adjoint, t_, transpose_, swapaxes_, swapdims_, squeeze_,
+           unsqueeze_, detach_, fill_diagonal_, bernoulli_, bernoulli, exponential_, geometric_, cauchy_, log_normal_,
+           random_):
+  if not hasattr(Tensor, _f.__name__): setattr(Tensor, _f.__name__, _f)
+for _n, _p in (("H", property(_H)), ("mH", property(_mH)), ("itemsize", property(lambda self: self.dtype.itemsize)),
+               ("nbytes", property(lambda self: self.numel() * self.dtype.itemsize))):
+  if not hasattr(Tensor, _n): setattr(Tensor, _n, _p)

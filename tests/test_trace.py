@@ -433,3 +433,19 @@ def test_recurrent_language_model_loop_replays_bitwise(traced, rng):
   for mk, b in ((make, body_read), (make_viewed, body_view)):
     off, on, _d = _run_both(traced, mk, 5, b)
     _close(off, on)
+
+
+def test_a_state_dict_taken_mid_training_follows_the_batch_norm_statistics(traced, rng):
+  """state_dict() entries share storage with the module (torch's): one taken between training steps sees the running
+  statistics the next steps write. A replayed step held those writes until its realize, and the entry, a live view,
+  kept the statistics of the step before (a checkpoint with new weights and stale batch norm buffers)."""
+  traced(True)
+  xs = [rng.standard_normal((8, 3), dtype=np.float32) * 2 + 1 for _ in range(6)]
+  bn = nn.BatchNorm1d(3)
+  sds = []
+  for i, x in enumerate(xs):
+    bn(fg.tensor(x))
+    if i in (1, 3): sds.append(bn.state_dict())
+  for sd in sds:
+    for k in ("running_mean", "running_var", "num_batches_tracked"):
+      np.testing.assert_array_equal(sd[k].numpy(), getattr(bn, k).numpy())

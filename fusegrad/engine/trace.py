@@ -799,7 +799,8 @@ def _pending_ok(seg: Segment, t, in_call: bool, r=None) -> bool:
   if base is not None:   # `p.data`: the write is its base's, which a replay hides too (_hide); no other live view
     if id(base) in seg.written or _slot_of(seg, base) is not None or base._trace is not None or \
        _m["alias"]._members(a[0], t): return False
-  elif a is not None and (type(a[1]) is not tuple or a[1]): return False
+  elif a is not None and (type(a[1]) is not tuple or a[1] or _m["alias"]._members(a[0], t)):
+    return False   # (a view of it alive, a state_dict() entry of a batch norm's statistics: it sees the write now)
   if seg.mode == REP:
     for w in seg.views:   # a placeholder viewing an external would not see the write
       if w() is not None: return False

@@ -10,8 +10,8 @@ from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, Conv3d, ConvTr
                                 BatchNorm2d, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, LayerNorm, RMSNorm,
                                 GroupNorm, Embedding, Dropout, Flatten, Unflatten, MultiheadAttention, ReLU, ReLU6,
                                 LeakyReLU, ELU, GELU, SiLU, Mish, Softplus, Sigmoid, Tanh, Hardtanh, Hardsigmoid,
-                                Hardswish, GLU, LogSigmoid, Softmax, LogSoftmax, MSELoss, L1Loss, SmoothL1Loss, HuberLoss,
-                                CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss)
+                                Hardswish, GLU, LogSigmoid, Softmax, LogSoftmax, Softmin, CELU, SELU, MSELoss, L1Loss,
+                                SmoothL1Loss, HuberLoss, CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss)
 from fusegrad.nn.transformer import (Transformer, TransformerEncoder, TransformerDecoder, TransformerEncoderLayer,
                                      TransformerDecoderLayer)
 from fusegrad.nn.rnn import RNNBase, RNN, LSTM, GRU, RNNCellBase, RNNCell, LSTMCell, GRUCell

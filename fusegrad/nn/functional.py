@@ -25,6 +25,21 @@ def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = Fals
   return input.leaky_relu(negative_slope)
 def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor: return input.elu(alpha)
 def gelu(input: Tensor, approximate: str = "none") -> Tensor: return input.gelu(approximate)
+def _elu_family(input: Tensor, name: str) -> None:
+  if not isinstance(input, Tensor): raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(input).__name__}")
+  if not input.dtype.is_float: raise NotImplementedError(f"\"elu_cpu\" not implemented for '{dt.scalar_name(input.dtype)}'")
+def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+  """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)): alpha * elu(x / alpha) (float16/bfloat16 in float32)."""
+  _elu_family(input, "celu")
+  if alpha == 0: raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
+  if input.dtype in HALF_FLOATS: return celu(input._cast(dt.float32), alpha)._cast(input.dtype)
+  return (input * (1.0 / alpha)).elu(1.0) * alpha
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+def selu(input: Tensor, inplace: bool = False) -> Tensor:
+  """scale * elu(x, alpha) with SELU's constants (float16/bfloat16 in float32)."""
+  _elu_family(input, "selu")
+  if input.dtype in HALF_FLOATS: return selu(input._cast(dt.float32))._cast(input.dtype)
+  return input.elu(_SELU_ALPHA) * _SELU_SCALE
 def silu(input: Tensor, inplace: bool = False) -> Tensor: return input.silu()
 def mish(input: Tensor, inplace: bool = False) -> Tensor: return input.mish()
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor: return input.softplus(beta, threshold)
@@ -58,6 +73,11 @@ def softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
   return input.softmax(_softmax_dim(input, dim, "softmax"), dtype=dtype)
 def log_softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
   return input.log_softmax(_softmax_dim(input, dim, "log_softmax"), dtype=dtype)
+def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=None) -> Tensor:
+  """softmax(-input) along dim (cast to dtype first when given, as torch's)."""
+  dim = _softmax_dim(input, dim, "softmin")
+  x = input._cast(dt.to_dtype(dtype)) if dtype is not None else input
+  return (-x).softmax(dim)
 def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
   _check_tensor(input, "pad")
   if mode not in ("constant", "reflect", "replicate", "circular"):

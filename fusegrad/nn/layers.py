@@ -557,6 +557,9 @@ def _softmax_dim(x: Tensor, dim) -> int:   # PyTorch's legacy choice when no dim
   return dim if dim is not None else (0 if x.ndim in (0, 1, 3) else 1)
 Softmax = _activation("Softmax", lambda x, dim: x.softmax(_softmax_dim(x, dim)), ("dim",), (None,))
 LogSoftmax = _activation("LogSoftmax", lambda x, dim: x.log_softmax(_softmax_dim(x, dim)), ("dim",), (None,))
+Softmin = _activation("Softmin", lambda x, dim: F.softmin(x, _softmax_dim(x, dim)), ("dim",), (None,))
+CELU = _activation("CELU", F.celu, ("alpha",), (1.0,))
+SELU = _activation("SELU", F.selu)
 
 
 # ---- losses as modules --------------------------------------------------------------------------------------------

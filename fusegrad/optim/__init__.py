@@ -66,7 +66,6 @@ class Optimizer(abc.ABC):
     g = {**self.defaults, **group, "params": [ps] if isinstance(ps, Tensor) else list(ps)}
     for p in g["params"]:
       if not isinstance(p, Tensor): raise TypeError(f"optimizer can only optimize Tensors, got {type(p).__name__}")
-      if not p.requires_grad: raise ValueError("optimizing a tensor that does not require grad")
       if not p.is_leaf: raise ValueError("can't optimize a non-leaf Tensor")
     for k, name in (("lr", "learning rate"), ("eps", "epsilon value"), ("weight_decay", "weight_decay value")):
       v = g.get(k)
@@ -380,14 +379,19 @@ class Adagrad(Optimizer):
     _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
     _check(initial_accumulator_value >= 0.0, f"Invalid initial_accumulator_value value: {initial_accumulator_value}")
     _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+    self._constructing = True
     super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
                                   initial_accumulator_value=initial_accumulator_value, maximize=maximize))
+    self._constructing = False
 
   def add_param_group(self, group: dict) -> None:
     super().add_param_group(group)
     g = self.param_groups[-1]
-    for p in g["params"]:   # PyTorch creates Adagrad's state up front
-      self.state[p].update(step=0, sum=fg.full_like(p, g["initial_accumulator_value"]))
+    # PyTorch creates Adagrad's state up front, the constructor's groups from the constructor's value (a group's own
+    # initial_accumulator_value is not read there); a group added later from its own
+    v = self.defaults["initial_accumulator_value"] if getattr(self, "_constructing", False) else \
+        g["initial_accumulator_value"]
+    for p in g["params"]: self.state[p].update(step=0, sum=fg.full_like(p, v))
 
   def _hyper(self, g, state):
     t = state["step"] = state.get("step", 0) + 1
