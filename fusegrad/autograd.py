@@ -30,12 +30,12 @@ class _GradMode(contextlib.ContextDecorator):
 
   def __new__(cls, orig_func=None):
     self = super().__new__(cls)
+    self._prev = []
     if orig_func is None: return self
     if not callable(orig_func): raise TypeError(f"{cls.__name__}() takes no arguments, got {orig_func!r}")
     return self(orig_func)
 
-  def __init__(self, orig_func=None):
-    self._prev: list = []
+  def __init__(self, orig_func=None): pass
 
   def __enter__(self):
     self._prev.append(grad_enabled())

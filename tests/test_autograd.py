@@ -678,3 +678,33 @@ def test_each_leaf_gets_its_own_grad_tensor(rng):
   b1.grad.mul_(0.5)
   np.testing.assert_array_equal(b2.grad.numpy(), want)
   np.testing.assert_allclose(b1.grad.numpy(), want * 0.5, rtol=1e-6)
+
+
+def test_grad_mode_decorators_as_torch():
+  """@no_grad() on a function that recurses restores the caller's mode (one saved mode per entry), on a generator
+  function it holds in every resumption, and @no_grad works without parentheses; enable_grad alike."""
+  x = fg.ones(3, requires_grad=True)
+  @fg.no_grad()
+  def f(n):
+    if n: f(n - 1)
+    return (x * 2).requires_grad
+  assert f(3) is False and fg.is_grad_enabled() and (x * 2).requires_grad
+  @fg.enable_grad()
+  def g(n):
+    if n: g(n - 1)
+    return (x * 2).requires_grad
+  with fg.no_grad():
+    assert g(2) is True and not fg.is_grad_enabled()
+  assert fg.is_grad_enabled()
+  @fg.no_grad()
+  def gen():
+    for _ in range(3):
+      got = yield x * 2
+      assert got is None
+  assert [y.requires_grad for y in gen()] == [False] * 3 and fg.is_grad_enabled()
+  @fg.no_grad
+  def h(): return (x * 2).requires_grad
+  assert h() is False and fg.is_grad_enabled()
+  with fg.no_grad():
+    assert not (x * 2).requires_grad
+  assert (x * 2).requires_grad

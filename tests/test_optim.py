@@ -136,7 +136,8 @@ def test_bad_arguments():
   with pytest.raises(ValueError): fg.optim.SGD([w], lr=-1)
   with pytest.raises(ValueError): fg.optim.SGD([w], lr=0.1, nesterov=True)
   with pytest.raises(ValueError): fg.optim.Adam([w], betas=(1.0, 0.9))
-  with pytest.raises(ValueError): fg.optim.Adam([fg.zeros(3)])
+  fg.optim.Adam([fg.zeros(3)])   # a leaf that needs no gradient is taken (a frozen layer's), as torch's
+  with pytest.raises(ValueError, match="non-leaf"): fg.optim.Adam([fg.zeros(3, requires_grad=True) * 2])
   with pytest.raises(ValueError): fg.optim.SGD([], lr=0.1)
 
 
@@ -567,3 +568,36 @@ def test_new_optimizers_defaults_and_state_names_are_torchs(rng, cls):
   assert set(g) - {"params"} <= set(tg)
   assert set(opt.state_dict()["state"][0]) == set(topt.state_dict()["state"][0])
   np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_frozen_parameters_and_adagrads_group_values_as_torch(rng):
+  """Fine-tuning passes every parameter, frozen ones too (they get no gradient and stay); Adagrad's constructor
+  groups start from the constructor's initial_accumulator_value, as torch's."""
+  x = rng.standard_normal((8, 4)).astype(np.float32)
+  out = {}
+  for L in (torch, fg):
+    L.manual_seed(0)
+    m = L.nn.Sequential(L.nn.Linear(4, 5), L.nn.ReLU(), L.nn.Linear(5, 2))
+    with L.no_grad():
+      for p, v in zip(m.parameters(), [rng_p for rng_p in out.get("init", [])] or [None] * 4):
+        if v is not None: p.copy_(L.tensor(v))
+    out.setdefault("init", [p.detach().numpy().copy() for p in m.parameters()])
+    m[0].requires_grad_(False)
+    opt = L.optim.AdamW(m.parameters(), lr=0.05)
+    for _ in range(3):
+      opt.zero_grad()
+      m(L.tensor(x)).pow(2).mean().backward()
+      opt.step()
+    out[L] = [p.detach().numpy() for p in m.parameters()]
+  for a, b in zip(out[fg], out[torch]): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(out[fg][0], out["init"][0])
+  w0, w1 = rng.standard_normal(2).astype(np.float32), rng.standard_normal(2).astype(np.float32)
+  res = {}
+  for L in (torch, fg):
+    a, b = L.tensor(w0, requires_grad=True), L.tensor(w1, requires_grad=True)
+    opt = L.optim.Adagrad([{"params": [a]}, {"params": [b], "initial_accumulator_value": 5.0}], lr=0.1,
+                          initial_accumulator_value=0.5)
+    (a.sum() + (b * b).sum()).backward()
+    opt.step()
+    res[L] = (a.detach().numpy(), b.detach().numpy())
+  for u, v in zip(res[fg], res[torch]): np.testing.assert_allclose(u, v, rtol=1e-6)
