@@ -24,3 +24,6 @@ def __getattr__(name: str):
     import importlib
     return importlib.import_module("fusegrad.nn.state")
   raise AttributeError(f"module 'fusegrad.nn' has no attribute {name!r}")
+from fusegrad.nn.losses import (MarginRankingLoss, TripletMarginLoss, TripletMarginWithDistanceLoss,  # noqa: E402
+                                CosineEmbeddingLoss, MultiLabelSoftMarginLoss, MultiLabelMarginLoss, MultiMarginLoss,
+                                PoissonNLLLoss, GaussianNLLLoss, HingeEmbeddingLoss, SoftMarginLoss, PairwiseDistance)

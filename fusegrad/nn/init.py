@@ -98,3 +98,48 @@ def kaiming_uniform_(tensor: Tensor, a: float = 0, mode: str = "fan_in", nonline
 def kaiming_normal_(tensor: Tensor, a: float = 0, mode: str = "fan_in", nonlinearity: str = "leaky_relu") -> Tensor:
   if 0 in tensor.shape: return tensor
   return normal_(tensor, 0.0, calculate_gain(nonlinearity, a) / math.sqrt(_fan(tensor, mode)))
+
+
+def orthogonal_(tensor: Tensor, gain: float = 1, generator=None) -> Tensor:
+  """A (semi-)orthogonal matrix (tensor viewed as rows x rest): Q of the QR of a normal draw, its columns' signs fixed
+  by R's diagonal (torch's). The QR runs on the host (numpy), once per call."""
+  import numpy as np
+  if tensor.ndim < 2: raise ValueError("Only tensors with 2 or more dimensions are supported")
+  if tensor.numel() == 0: return tensor
+  rows = tensor.shape[0]
+  cols = tensor.numel() // rows
+  a = fg.randn(rows, cols, generator=generator).numpy().astype(np.float64)
+  if rows < cols: a = a.T
+  q, r = np.linalg.qr(a)
+  q = q * np.sign(np.diag(r))
+  if rows < cols: q = q.T
+  q = fg.tensor((q * gain).reshape(tensor.shape), dtype=tensor.dtype, device=tensor.device)
+  return _fill(tensor, q)
+
+
+def dirac_(tensor: Tensor, groups: int = 1) -> Tensor:
+  """The identity of a convolution: 1 at the kernel's centre from input channel d to output channel d of each group."""
+  import numpy as np
+  nd = tensor.ndim
+  if nd not in (3, 4, 5): raise ValueError("Only tensors with 3, 4, or 5 dimensions are supported")
+  sizes = tensor.shape
+  if sizes[0] % groups != 0: raise ValueError("dim 0 must be divisible by groups")
+  per = sizes[0] // groups
+  a = np.zeros(sizes, dtype=np.float32)
+  centre = tuple(s // 2 for s in sizes[2:])
+  for g in range(groups):
+    for d in range(min(per, sizes[1])): a[(g * per + d, d) + centre] = 1
+  return _fill(tensor, fg.tensor(a, dtype=tensor.dtype, device=tensor.device))
+
+
+def sparse_(tensor: Tensor, sparsity: float, std: float = 0.01, generator=None) -> Tensor:
+  """Normal(0, std) entries, of which ceil(sparsity * rows) in every column (at random rows) are zero."""
+  import numpy as np
+  if tensor.ndim != 2: raise ValueError("Only tensors with 2 dimensions are supported")
+  rows, cols = tensor.shape
+  num_zeros = int(math.ceil(sparsity * rows))
+  values = fg.randn(rows, cols, generator=generator, device=tensor.device) * std
+  # each column's zero rows: the first num_zeros of a random permutation (ranks of uniform draws, on the host)
+  ranks = np.argsort(np.argsort(fg.rand(rows, cols, generator=generator).numpy(), axis=0, kind="stable"), axis=0)
+  keep = fg.tensor(ranks >= num_zeros, device=tensor.device)
+  return _fill(tensor, fg.where(keep, values, 0.0))

@@ -1,6 +1,8 @@
 """Module, Parameter and the containers: PyTorch's registration rules and state-dict protocol."""
 from __future__ import annotations
-from collections import OrderedDict, namedtuple
+import operator
+from collections import OrderedDict, abc, namedtuple
+from itertools import chain, islice
 from typing import Iterator
 import fusegrad as fg
 from fusegrad import alias, autograd
@@ -201,6 +203,32 @@ class Module:
     if "." in name or not name: raise KeyError(f"module name can't contain \".\" or be empty, got {name!r}")
     self._registry()[2][name] = module
   register_module = add_module
+
+  def get_submodule(self, target: str) -> Module:
+    """The submodule at a dotted path ("" is self), with torch's errors."""
+    if target == "": return self
+    mod = self
+    for item in target.split("."):
+      if not hasattr(mod, item): raise AttributeError(type(mod).__name__ + " has no attribute `" + item + "`")
+      mod = getattr(mod, item)
+      if not isinstance(mod, Module): raise AttributeError("`" + item + "` is not an nn.Module")
+    return mod
+
+  def get_parameter(self, target: str) -> Parameter:
+    module_path, _, name = target.rpartition(".")
+    mod = self.get_submodule(module_path)
+    if not hasattr(mod, name): raise AttributeError(type(mod).__name__ + " has no attribute `" + name + "`")
+    param = getattr(mod, name)
+    if not isinstance(param, Parameter): raise AttributeError("`" + name + "` is not an nn.Parameter")
+    return param
+
+  def get_buffer(self, target: str) -> Tensor:
+    module_path, _, name = target.rpartition(".")
+    mod = self.get_submodule(module_path)
+    if not hasattr(mod, name): raise AttributeError(type(mod).__name__ + " has no attribute `" + name + "`")
+    buf = getattr(mod, name)
+    if name not in mod._buffers: raise AttributeError("`" + name + "` is not a buffer")
+    return buf
 
   # ---- walking ----
   def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
@@ -443,6 +471,13 @@ class Module:
     return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers) | set(self._modules))
 
 
+def _renumber(modules: OrderedDict) -> None:
+  """Keys 0..n-1 for the modules in their order (after a deletion, as torch's containers renumber), in place."""
+  values = list(modules.values())
+  modules.clear()
+  for i, m in enumerate(values): modules[str(i)] = m
+
+
 class Sequential(Module):
   def __init__(self, *args):
     super().__init__()
@@ -458,47 +493,143 @@ class Sequential(Module):
   def __len__(self) -> int: return len(self._modules)
   def __iter__(self): return iter(self._modules.values())
 
+  def _get_item_by_idx(self, iterator, idx):
+    size = len(self)
+    idx = operator.index(idx)
+    if not -size <= idx < size: raise IndexError(f"index {idx} is out of range")
+    return next(islice(iterator, idx % size, None))
+
   def __getitem__(self, idx):
-    mods = list(self._modules.items())
-    if isinstance(idx, slice): return Sequential(OrderedDict(mods[idx]))
-    if not -len(mods) <= idx < len(mods): raise IndexError(f"index {idx} is out of range")
-    return mods[idx][1]
+    if isinstance(idx, slice): return self.__class__(OrderedDict(list(self._modules.items())[idx]))
+    return self._get_item_by_idx(self._modules.values(), idx)
+
+  def __setitem__(self, idx: int, module: Module) -> None:
+    setattr(self, self._get_item_by_idx(self._modules.keys(), idx), module)
+
+  def __delitem__(self, idx) -> None:
+    if isinstance(idx, slice):
+      for key in list(self._modules.keys())[idx]: delattr(self, key)
+    else:
+      delattr(self, self._get_item_by_idx(self._modules.keys(), idx))
+    _renumber(self._modules)
+
+  def __add__(self, other) -> Sequential:
+    if not isinstance(other, Sequential):
+      raise ValueError(f"add operator supports only objects of Sequential class, but {type(other)} is given.")
+    ret = Sequential()
+    for layer in self: ret.append(layer)
+    for layer in other: ret.append(layer)
+    return ret
+
+  def __iadd__(self, other) -> Sequential:
+    if not isinstance(other, Sequential):
+      raise ValueError(f"add operator supports only objects of Sequential class, but {type(other)} is given.")
+    offset = len(self)
+    for i, m in enumerate(other): self.add_module(str(i + offset), m)
+    return self
+
+  def _check_factor(self, other) -> None:
+    if not isinstance(other, int): raise TypeError(f"unsupported operand type(s) for *: {type(self)} and {type(other)}")
+    if other <= 0: raise ValueError(f"Non-positive multiplication factor {other} for {type(self)}")
+
+  def __mul__(self, other: int) -> Sequential:
+    self._check_factor(other)
+    combined = Sequential()
+    for i, m in enumerate([m for _ in range(other) for m in self]): combined.add_module(str(i), m)
+    return combined
+
+  def __rmul__(self, other: int) -> Sequential: return self.__mul__(other)
+
+  def __imul__(self, other: int) -> Sequential:
+    self._check_factor(other)
+    n = len(self)
+    for k in range(1, other):
+      for i in range(n): self.add_module(str(i + k * n), self._modules[str(i)])
+    return self
+
+  def pop(self, key) -> Module:
+    v = self[key]
+    del self[key]
+    return v
 
   def append(self, module: Module) -> Sequential:
     self.add_module(str(len(self)), module)
     return self
 
+  def insert(self, index: int, module: Module) -> Sequential:
+    if not isinstance(module, Module): raise AssertionError(f"module should be of type: {Module}")
+    n = len(self._modules)
+    if not -n <= index <= n: raise IndexError(f"Index out of range: {index}")
+    if index < 0: index += n
+    for i in range(n, index, -1): self._modules[str(i)] = self._modules[str(i - 1)]
+    self._modules[str(index)] = module
+    return self
+
+  def extend(self, sequential) -> Sequential:
+    for layer in sequential: self.append(layer)
+    return self
+
+  def __dir__(self):
+    return [k for k in super().__dir__() if not k.isdigit()]
+
 
 class ModuleList(Module):
   def __init__(self, modules=None):
     super().__init__()
-    for m in modules or []: self.append(m)
+    if modules is not None: self.extend(modules)
 
   def __len__(self) -> int: return len(self._modules)
   def __iter__(self): return iter(self._modules.values())
 
+  def _get_abs_string_index(self, idx) -> str:
+    idx = operator.index(idx)
+    if not -len(self) <= idx < len(self): raise IndexError(f"index {idx} is out of range")
+    return str(idx + len(self) if idx < 0 else idx)
+
   def __getitem__(self, idx):
-    mods = list(self._modules.values())
-    if isinstance(idx, slice): return ModuleList(mods[idx])
-    if not -len(mods) <= idx < len(mods): raise IndexError(f"index {idx} is out of range")
-    return mods[idx]
+    if isinstance(idx, slice): return self.__class__(list(self._modules.values())[idx])
+    return self._modules[self._get_abs_string_index(idx)]
 
   def __setitem__(self, idx: int, module: Module) -> None:
-    self.add_module(list(self._modules)[idx], module)
+    setattr(self, self._get_abs_string_index(idx), module)
+
+  def __delitem__(self, idx) -> None:
+    if isinstance(idx, slice):
+      for k in range(len(self._modules))[idx]: delattr(self, str(k))
+    else:
+      delattr(self, self._get_abs_string_index(idx))
+    _renumber(self._modules)
+
+  def __iadd__(self, modules) -> ModuleList: return self.extend(modules)
+
+  def __add__(self, other) -> ModuleList:
+    combined = ModuleList()
+    for i, m in enumerate(chain(self, other)): combined.add_module(str(i), m)
+    return combined
 
   def append(self, module: Module) -> ModuleList:
     self.add_module(str(len(self)), module)
     return self
 
   def extend(self, modules) -> ModuleList:
-    for m in modules: self.append(m)
+    if not isinstance(modules, abc.Iterable):
+      raise TypeError("ModuleList.extend should be called with an iterable, but got " + type(modules).__name__)
+    offset = len(self)
+    for i, m in enumerate(modules): self.add_module(str(offset + i), m)
     return self
 
   def insert(self, index: int, module: Module) -> None:
-    mods = list(self._modules.values())
-    mods.insert(index, module)
-    self._modules.clear()
-    for i, m in enumerate(mods): self.add_module(str(i), m)
+    # torch's: entries from index on move up one (a negative index counts as torch's does: no entry moves)
+    for i in range(len(self._modules), index, -1): self._modules[str(i)] = self._modules[str(i - 1)]
+    self._modules[str(index)] = module
+
+  def pop(self, key) -> Module:
+    v = self[key]
+    del self[key]
+    return v
+
+  def __dir__(self):
+    return [k for k in super().__dir__() if not k.isdigit()]
 
   def forward(self, *args, **kwargs):
     raise NotImplementedError("ModuleList has no forward; iterate over it")
@@ -507,13 +638,35 @@ class ModuleList(Module):
 class ModuleDict(Module):
   def __init__(self, modules=None):
     super().__init__()
-    for k, m in (modules or {}).items(): self.add_module(k, m)
+    if modules is not None: self.update(modules)
 
   def __getitem__(self, key: str) -> Module: return self._modules[key]
   def __setitem__(self, key: str, module: Module) -> None: self.add_module(key, module)
+  def __delitem__(self, key: str) -> None: del self._modules[key]
   def __len__(self) -> int: return len(self._modules)
   def __iter__(self): return iter(self._modules)
   def __contains__(self, key) -> bool: return key in self._modules
   def keys(self): return self._modules.keys()
   def values(self): return self._modules.values()
   def items(self): return self._modules.items()
+  def clear(self) -> None: self._modules.clear()
+
+  def pop(self, key: str) -> Module:
+    v = self[key]
+    del self[key]
+    return v
+
+  def update(self, modules) -> None:
+    if not isinstance(modules, abc.Iterable):
+      raise TypeError("ModuleDict.update should be called with an iterable of key/value pairs, but got "
+                      + type(modules).__name__)
+    if isinstance(modules, (OrderedDict, ModuleDict, abc.Mapping)):
+      for key, m in modules.items(): self[key] = m
+    else:
+      for j, m in enumerate(modules):
+        if not isinstance(m, abc.Iterable):
+          raise TypeError("ModuleDict update sequence element #" + str(j) + " should be Iterable; is" + type(m).__name__)
+        if not len(m) == 2:
+          raise ValueError("ModuleDict update sequence element #" + str(j) + " has length " + str(len(m))
+                           + "; 2 is required")
+        self[m[0]] = m[1]

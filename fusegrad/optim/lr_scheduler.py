@@ -19,7 +19,7 @@ from fusegrad.tensor import Tensor
 
 __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
            "ExponentialLR", "PolynomialLR", "CosineAnnealingLR", "SequentialLR", "ChainedScheduler", "OneCycleLR",
-           "ReduceLROnPlateau"]
+           "ReduceLROnPlateau", "CosineAnnealingWarmRestarts", "CyclicLR"]
 
 EPOCH_DEPRECATION_WARNING = (
   "The epoch parameter in `scheduler.step()` was not necessary and is being deprecated where possible. Please use "
@@ -337,6 +337,148 @@ class CosineAnnealingLR(LRScheduler):
   def _get_closed_form_lr(self):
     T, lo = self.T_max, self.eta_min
     return [lo + (base - lo) * (1 + math.cos(math.pi * self.last_epoch / T)) / 2 for base in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+  """SGDR: cosine from initial_lr down to eta_min over T_i epochs, then a restart, T_i growing by T_mult each time.
+  step(epoch) takes fractional epochs (e.g. epoch + batch / batches), as PyTorch's."""
+
+  def __init__(self, optimizer: Optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0, last_epoch: int = -1):
+    if T_0 <= 0 or not isinstance(T_0, int): raise ValueError(f"Expected positive integer T_0, but got {T_0}")
+    if T_mult < 1 or not isinstance(T_mult, int): raise ValueError(f"Expected integer T_mult >= 1, but got {T_mult}")
+    if not isinstance(eta_min, (float, int)):
+      raise ValueError(f"Expected float or int eta_min, but got {eta_min} of type {type(eta_min)}")
+    self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, eta_min
+    self.T_cur = last_epoch
+    super().__init__(optimizer, last_epoch)
+
+  def get_lr(self):
+    self._warn_get_lr()
+    return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+            for base in self.base_lrs]
+
+  def step(self, epoch=None) -> None:
+    if epoch is not None: _refuse_epoch(self)
+    _jit.host(functools.partial(self._step, epoch))   # a captured step's replays step it again
+
+  def _step(self, epoch=None) -> None:   # PyTorch's step (it counts no _step_count)
+    if epoch is None and self.last_epoch < 0: epoch = 0
+    if epoch is None:
+      epoch = self.last_epoch + 1
+      self.T_cur = self.T_cur + 1
+      if self.T_cur >= self.T_i:
+        self.T_cur = self.T_cur % self.T_i
+        self.T_i = self.T_i * self.T_mult
+    else:
+      if epoch < 0: raise ValueError(f"Expected non-negative epoch, but got {epoch}")
+      if epoch >= self.T_0:
+        if self.T_mult == 1:
+          self.T_cur = epoch % self.T_0
+        else:
+          n = int(math.log((epoch / self.T_0 * (self.T_mult - 1) + 1), self.T_mult))
+          self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
+          self.T_i = self.T_0 * self.T_mult ** n
+      else:
+        self.T_i = self.T_0
+        self.T_cur = epoch
+    self.last_epoch = math.floor(epoch)
+    self._get_lr_called_within_step = True
+    try: values = self.get_lr()
+    finally: self._get_lr_called_within_step = False
+    for g, lr in zip(self.optimizer.param_groups, values): g["lr"] = lr
+    self._last_lr = _lrs(self.optimizer)
+
+
+class CyclicLR(LRScheduler):
+  """Cyclical learning rates between base_lr and max_lr (triangular, triangular2, exp_range or a scale_fn), stepped
+  every batch; with cycle_momentum, momentum (SGD) or beta1 (Adam) cycles the other way between max_momentum and
+  base_momentum."""
+
+  def __init__(self, optimizer: Optimizer, base_lr, max_lr, step_size_up: int = 2000, step_size_down: int | None = None,
+               mode: str = "triangular", gamma: float = 1.0, scale_fn=None, scale_mode: str = "cycle",
+               cycle_momentum: bool = True, base_momentum=0.8, max_momentum=0.9, last_epoch: int = -1):
+    if not isinstance(optimizer, Optimizer): raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
+    self.optimizer = optimizer
+    base_lrs = _format_param("base_lr", optimizer, base_lr)
+    if last_epoch == -1:
+      for lr, g in zip(base_lrs, optimizer.param_groups): g["lr"] = lr
+    self.max_lrs = _format_param("max_lr", optimizer, max_lr)
+    step_size_up = float(step_size_up)
+    step_size_down = float(step_size_down) if step_size_down is not None else step_size_up
+    self.total_size = step_size_up + step_size_down
+    self.step_ratio = step_size_up / self.total_size
+    if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+      raise ValueError("mode is invalid and scale_fn is None")
+    self.mode, self.gamma = mode, gamma
+    self._scale_fn_custom = scale_fn
+    self.scale_mode = scale_mode
+    self._init_scale_fn()
+    self.cycle_momentum = cycle_momentum
+    if cycle_momentum:
+      if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+        raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
+      self.use_beta1 = "betas" in self.optimizer.defaults
+      self.base_momentums = _format_param("base_momentum", optimizer, base_momentum)
+      self.max_momentums = _format_param("max_momentum", optimizer, max_momentum)
+      if last_epoch == -1:
+        for m, b, g in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
+          if self.use_beta1: g["betas"] = (m, *g["betas"][1:])
+          else: g["momentum"] = m
+          g["max_momentum"], g["base_momentum"] = m, b
+    super().__init__(optimizer, last_epoch)
+    self.base_lrs = base_lrs
+
+  def _init_scale_fn(self) -> None:
+    if self._scale_fn_custom is not None: return
+    if self.mode == "triangular":
+      self._scale_fn_ref, self.scale_mode = self._triangular_scale_fn, "cycle"
+    elif self.mode == "triangular2":
+      self._scale_fn_ref, self.scale_mode = self._triangular2_scale_fn, "cycle"
+    elif self.mode == "exp_range":
+      self._scale_fn_ref, self.scale_mode = functools.partial(self._exp_range_scale_fn, self.gamma), "iterations"
+
+  def scale_fn(self, x) -> float:
+    return self._scale_fn_custom(x) if self._scale_fn_custom is not None else self._scale_fn_ref(x)
+
+  @staticmethod
+  def _triangular_scale_fn(x: float) -> float: return 1.0
+
+  @staticmethod
+  def _triangular2_scale_fn(x: float) -> float: return 1 / (2.0 ** (x - 1))
+
+  @staticmethod
+  def _exp_range_scale_fn(gamma: float, x: float) -> float: return gamma ** x
+
+  def get_lr(self):
+    self._warn_get_lr()
+    cycle = math.floor(1 + self.last_epoch / self.total_size)
+    x = 1.0 + self.last_epoch / self.total_size - cycle
+    scale_factor = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+    at = cycle if self.scale_mode == "cycle" else self.last_epoch
+    lrs = [base + (mx - base) * scale_factor * self.scale_fn(at) for base, mx in zip(self.base_lrs, self.max_lrs)]
+    if self.cycle_momentum:
+      moms = [mx - (mx - base) * scale_factor * self.scale_fn(at)
+              for base, mx in zip(self.base_momentums, self.max_momentums)]
+      for g, m in zip(self.optimizer.param_groups, moms):
+        if self.use_beta1: g["betas"] = (m, *g["betas"][1:])
+        else: g["momentum"] = m
+    return lrs
+
+  def state_dict(self) -> dict:
+    state = super().state_dict()
+    state.pop("_scale_fn_ref", None)   # a bound function or partial: rebuilt from mode by load_state_dict
+    fn = state.pop("_scale_fn_custom")
+    state["_scale_fn_custom"] = None
+    if fn is not None and not isinstance(fn, types.FunctionType):
+      state["_scale_fn_custom"] = fn.__dict__.copy()   # callable objects save their __dict__ (PyTorch's rule)
+    return state
+
+  def load_state_dict(self, state_dict: dict) -> None:
+    state_dict = dict(state_dict)
+    fn = state_dict.pop("_scale_fn_custom")
+    super().load_state_dict(state_dict)
+    if fn is not None: self._scale_fn_custom.__dict__.update(fn)
+    self._init_scale_fn()
 
 
 class SequentialLR(LRScheduler):
