@@ -803,23 +803,22 @@ def _refuse_capture(msg: str) -> None:
 
 def register_hook(t, hook) -> RemovableHandle:
   """Tensor.register_hook: hook(grad) -> a new gradient or None, called when t's gradient is computed."""
-  if not t.requires_grad: raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
-  hooks = _entry(_tensor_hooks, t, True)
-  h = RemovableHandle(hooks)
-  hooks[h.id] = hook
-  _unfollowable("a tensor hook was registered")
-  return h
+  return _register(_tensor_hooks, t, hook, "a tensor hook was registered")
 
 
 def register_post_accumulate_grad_hook(t, hook) -> RemovableHandle:
   """Tensor.register_post_accumulate_grad_hook: hook(t) after backward accumulated into t.grad (leaves only)."""
-  if not t.requires_grad:
-    raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
-  if not t.is_leaf: raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
-  hooks = _entry(_post_hooks, t, True)
+  if t.requires_grad and not t.is_leaf:
+    raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+  return _register(_post_hooks, t, hook, "a post-accumulate-grad hook was registered")
+
+
+def _register(table: dict, t, hook, why: str) -> RemovableHandle:
+  if not t.requires_grad: raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+  hooks = _entry(table, t, True)
   h = RemovableHandle(hooks)
   hooks[h.id] = hook
-  _unfollowable("a post-accumulate-grad hook was registered")
+  _unfollowable(why)
   return h
 
 

@@ -6,6 +6,7 @@ import fusegrad as fg
 from fusegrad.tensor import Tensor
 from fusegrad.nn import functional as F, init
 from fusegrad.nn.module import Module, Parameter
+from fusegrad.nn.losses import _Loss, _WeightedLoss
 from fusegrad.engine.realize import later as realize_later
 
 
@@ -564,13 +565,6 @@ SELU = _activation("SELU", F.selu)
 
 # ---- losses as modules --------------------------------------------------------------------------------------------
 
-class _Loss(Module):
-  def __init__(self, reduction: str = "mean"):
-    super().__init__()
-    if reduction not in ("mean", "sum", "none", "batchmean"): raise ValueError(f"{reduction} is not a valid value for reduction")
-    self.reduction = reduction
-
-
 class MSELoss(_Loss):
   def forward(self, input, target): return F.mse_loss(input, target, self.reduction)
 
@@ -581,27 +575,21 @@ class L1Loss(_Loss):
 
 class SmoothL1Loss(_Loss):
   def __init__(self, reduction: str = "mean", beta: float = 1.0):
-    super().__init__(reduction)
+    super().__init__(reduction=reduction)
     self.beta = beta
   def forward(self, input, target): return F.smooth_l1_loss(input, target, self.reduction, self.beta)
 
 
 class HuberLoss(_Loss):
   def __init__(self, reduction: str = "mean", delta: float = 1.0):
-    super().__init__(reduction)
+    super().__init__(reduction=reduction)
     self.delta = delta
   def forward(self, input, target): return F.huber_loss(input, target, self.reduction, self.delta)
 
 
-class _WeightedLoss(_Loss):
-  def __init__(self, weight: Tensor | None = None, reduction: str = "mean"):
-    super().__init__(reduction)
-    self.register_buffer("weight", weight)
-
-
 class CrossEntropyLoss(_WeightedLoss):
   def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
-    super().__init__(weight, reduction)
+    super().__init__(weight, reduction=reduction)
     self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
   def forward(self, input, target):
     return F.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing)
@@ -609,7 +597,7 @@ class CrossEntropyLoss(_WeightedLoss):
 
 class NLLLoss(_WeightedLoss):
   def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean"):
-    super().__init__(weight, reduction)
+    super().__init__(weight, reduction=reduction)
     self.ignore_index = ignore_index
   def forward(self, input, target): return F.nll_loss(input, target, self.weight, self.ignore_index, self.reduction)
 
@@ -620,7 +608,7 @@ class BCELoss(_WeightedLoss):
 
 class BCEWithLogitsLoss(_WeightedLoss):
   def __init__(self, weight=None, reduction: str = "mean", pos_weight=None):
-    super().__init__(weight, reduction)
+    super().__init__(weight, reduction=reduction)
     self.register_buffer("pos_weight", pos_weight)
   def forward(self, input, target):
     return F.binary_cross_entropy_with_logits(input, target, self.weight, self.reduction, self.pos_weight)
@@ -628,6 +616,6 @@ class BCEWithLogitsLoss(_WeightedLoss):
 
 class KLDivLoss(_Loss):
   def __init__(self, reduction: str = "mean", log_target: bool = False):
-    super().__init__(reduction)
+    super().__init__(reduction=reduction)
     self.log_target = log_target
   def forward(self, input, target): return F.kl_div(input, target, self.reduction, self.log_target)

@@ -227,8 +227,10 @@ from fusegrad.nn.module import Module  # noqa: E402
 
 
 class _Loss(Module):
+  """Every loss module's base (nn/layers.py's losses too): torch's (size_average, reduce, reduction) arguments."""
   def __init__(self, size_average=None, reduce=None, reduction: str = "mean"):
     super().__init__()
+    if reduction not in ("mean", "sum", "none", "batchmean"): raise ValueError(f"{reduction} is not a valid value for reduction")
     self.reduction = _legacy_reduction(size_average, reduce, reduction)
 
 

@@ -215,20 +215,21 @@ class Module:
     return mod
 
   def get_parameter(self, target: str) -> Parameter:
-    module_path, _, name = target.rpartition(".")
-    mod = self.get_submodule(module_path)
-    if not hasattr(mod, name): raise AttributeError(type(mod).__name__ + " has no attribute `" + name + "`")
-    param = getattr(mod, name)
+    mod, name, param = self._get_attr(target)
     if not isinstance(param, Parameter): raise AttributeError("`" + name + "` is not an nn.Parameter")
     return param
 
   def get_buffer(self, target: str) -> Tensor:
+    mod, name, buf = self._get_attr(target)
+    if name not in mod._buffers: raise AttributeError("`" + name + "` is not a buffer")
+    return buf
+
+  def _get_attr(self, target: str) -> tuple:
+    """(the submodule, the attribute's name, its value) of a dotted path, with torch's errors."""
     module_path, _, name = target.rpartition(".")
     mod = self.get_submodule(module_path)
     if not hasattr(mod, name): raise AttributeError(type(mod).__name__ + " has no attribute `" + name + "`")
-    buf = getattr(mod, name)
-    if name not in mod._buffers: raise AttributeError("`" + name + "` is not a buffer")
-    return buf
+    return mod, name, getattr(mod, name)
 
   # ---- walking ----
   def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
