@@ -232,3 +232,68 @@ def set_node(t, node) -> None:
   from fusegrad.tensor import Tensor
   with autograd.no_grad():
     write(t, Tensor(_node=node))
+
+
+# ---- strides: the layout PyTorch would give a view (fusegrad's buffers are contiguous; a view's layout is its chain
+# run over its storage's contiguous base)
+
+def contiguous_strides(shape) -> tuple:
+  out, acc = [], 1
+  for s in reversed(shape):
+    out.append(acc)
+    acc *= max(int(s), 1)
+  return tuple(reversed(out))
+
+
+def layout(t) -> tuple:
+  """(strides, storage offset) of t in elements, as PyTorch's would be: a view's from its chain over the base's
+  contiguous layout (a negative step gives a negative stride, as numpy's views); any other tensor is contiguous."""
+  a = t._alias
+  if a is None or type(a[1]) is not tuple or not a[1]: return contiguous_strides(t.shape), 0
+  st = a[0]
+  base = st.ref()
+  shape = tuple(base.shape) if base is not None else tuple(st.node.shape)
+  strides, off = contiguous_strides(shape), 0
+  for op, arg in a[1]:
+    if op == "RESHAPE":
+      new = reshape_strides(shape, strides, arg)
+      strides = new if new is not None else contiguous_strides(arg)   # (internal chains reshape only where it views)
+      shape = tuple(arg)
+    elif op == "PERMUTE":
+      shape, strides = tuple(shape[p] for p in arg), tuple(strides[p] for p in arg)
+    elif op == "EXPAND":
+      strides = tuple(0 if o != n else s for s, o, n in zip(strides, shape, arg))
+      shape = tuple(arg)
+    elif op == "SHRINK":
+      off += sum(lo * s for (lo, _), s in zip(arg, strides))
+      shape = tuple(hi - lo for lo, hi in arg)
+    elif op == "FLIP":
+      off += sum((shape[d] - 1) * strides[d] for d in arg if shape[d])
+      strides = tuple(-s if d in arg else s for d, s in enumerate(strides))
+    elif op == "STRIDE":
+      shape = tuple(-(-n // k) for n, k in zip(shape, arg))
+      strides = tuple(s * k for s, k in zip(strides, arg))
+  return strides, off
+
+
+def reshape_strides(shape, strides, new) -> tuple | None:
+  """The strides that view a tensor of (shape, strides) as shape `new` without a copy, or None where none do (one
+  of new's dims would span two non-adjacent chunks): PyTorch's rule for view() and for reshape() returning a view."""
+  if not shape or any(int(s) == 0 for s in shape):
+    return contiguous_strides(new)
+  newst = [0] * len(new)
+  vd = len(new) - 1
+  base = strides[-1] if strides else 1
+  tn = vn = 1
+  for td in range(len(shape) - 1, -1, -1):
+    tn *= shape[td]
+    if td == 0 or (shape[td - 1] != 1 and strides[td - 1] != tn * base):
+      while vd >= 0 and (vn < tn or new[vd] == 1):
+        newst[vd] = vn * base
+        vn *= new[vd]
+        vd -= 1
+      if vn != tn: return None
+      if td > 0:
+        base, tn, vn = strides[td - 1], 1, 1
+  if vd != -1: return None
+  return tuple(newst)

@@ -926,20 +926,18 @@ def _g(x) -> str:
 
 
 def stride(self, dim=None):
-  """The strides of a contiguous tensor of self's shape, in elements (fusegrad keeps one layout: every tensor reads
-  as contiguous; a size-0 dim counts as 1, as torch's)."""
-  out, acc = [], 1
-  for s in reversed(self.shape):
-    out.append(acc)
-    acc *= builtins.max(int(s), 1)
-  out = tuple(reversed(out))
+  """self's strides in elements, as torch's: a view's from its view ops over its storage (a transpose's swapped, a
+  slice's its base's), any other tensor's contiguous (a size-0 dim counts as 1, as torch's)."""
+  out = _alias.layout(self)[0]
   if dim is None: return out
   if self.ndim == 0: raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
   return out[_norm_dim(dim, self.ndim)]
 
 
-def storage_offset(self) -> int: return 0
-def is_contiguous(self, memory_format=None) -> bool: return True
+def storage_offset(self) -> int: return _alias.layout(self)[1]
+
+
+def is_contiguous(self, memory_format=None) -> bool: return _tm._is_contiguous(self)
 
 
 def data_ptr(self) -> int:
@@ -1329,8 +1327,8 @@ def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=N
 
 
 def set_default_dtype(d) -> None:
-  """The dtype of factories' floats (zeros, rand, arange of floats, ...) and of a Python float in a result type.
-  fusegrad.tensor(1.0) keeps float32 (tensor.py reads no default there)."""
+  """The dtype of factories' floats (zeros, rand, arange of floats, fusegrad.tensor of Python floats, ...) and of a
+  Python float in a result type, as torch's."""
   d = dt.to_dtype(d)
   if not d.is_float: raise TypeError("only floating-point types are supported as the default type")
   dt.default_float = d

@@ -55,6 +55,17 @@ def _norm_dim(dim: int, ndim: int) -> int:
   return int(dim) % max(ndim, 1)
 
 
+def _is_contiguous(t) -> bool:
+  """Whether t's layout (alias.layout: torch's strides for a view) is row-major without gaps (size-1 dims free)."""
+  a = t._alias
+  if a is None or type(a[1]) is not tuple or not a[1]: return True
+  strides, acc = alias.layout(t)[0], 1
+  for n, s in zip(reversed(t.shape), reversed(strides)):
+    if n != 1 and s != acc: return False
+    acc *= n
+  return True
+
+
 def _norm_dims(dims, ndim: int) -> tuple:
   if dims is None: return tuple(range(ndim))
   if isinstance(dims, (int, np.integer)): dims = (dims,)
@@ -148,7 +159,7 @@ class Tensor:
       self.node = (t.to(d) if d is not None else t).node
       if requires_grad: self.requires_grad_()
       return
-    arr = _to_numpy(data, d)
+    arr, d = _to_numpy(data, d)
     d = d or dt.from_numpy(arr.dtype)
     _check_device_dtype(devname, d)
     if arr.size == 1 and arr.ndim <= 1 and d != dt.bfloat16:   # small constants need no buffer
@@ -245,9 +256,15 @@ class Tensor:
     realize(self.node)
     return self
 
-  def contiguous(self) -> "Tensor":
+  def contiguous(self, memory_format=None) -> "Tensor":
+    """torch's contiguous: self where its layout already is (writes to either reach both, as torch's `self`), else
+    a copy; lazily, a CONTIGUOUS node (a value to store) either way."""
+    a = self._alias
+    if a is not None and type(a[1]) is tuple and a[1] and not _is_contiguous(self):
+      return self._prim("CONTIGUOUS", None, gn.contiguous(self.node))    # a copy: a tensor of its own
     if self.node.realized or self.node.op == "BUFFER": return self
-    return self._prim("CONTIGUOUS", None, gn.contiguous(self.node))
+    r = self._prim("CONTIGUOUS", None, gn.contiguous(self.node))
+    return alias.view(self, r, (("RESHAPE", self.shape),))   # self's value and storage (an identity view step)
 
   def numpy(self) -> np.ndarray:
     if self.dtype == dt.bfloat16:
@@ -978,7 +995,15 @@ class Tensor:
 
   # ---- movement (views) ----
   def reshape(self, *shape) -> "Tensor":
-    shape = _shape_arg(shape)
+    return self._reshape(_shape_arg(shape), False)
+  def view(self, *shape) -> "Tensor":
+    """torch's view: a view of self with the new shape (an error where self's layout cannot give one without a
+    copy, as torch's), or with `view(dtype)` self's bits read as another dtype."""
+    if len(shape) == 1 and not isinstance(shape[0], (tuple, list, int, np.integer)):
+      from fusegrad.ops_math import view_dtype
+      return view_dtype(self, shape[0])
+    return self._reshape(_shape_arg(shape), True)
+  def _reshape(self, shape, need_view: bool) -> "Tensor":
     if shape.count(-1) > 1: raise RuntimeError("only one dimension can be inferred")
     if any(s < -1 for s in shape): raise RuntimeError(f"invalid shape dimension {min(shape)}")
     if -1 in shape:
@@ -989,10 +1014,16 @@ class Tensor:
     if prod(shape) != self.numel():
       raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {self.numel()}")
     if shape == self.shape: return self
+    a = self._alias
+    if a is not None and type(a[1]) is tuple and a[1] and \
+       alias.reshape_strides(self.shape, alias.layout(self)[0], shape) is None:   # a view no shape can be seen through
+      if need_view:
+        raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one dimension "
+                           "spans across two contiguous subspaces). Use .reshape(...) instead.")
+      return self._mv("RESHAPE", shape)   # torch copies here: the result shares no storage with self
     return self._view("RESHAPE", shape)
-  view = reshape
-  def view_as(self, other): return self.reshape(other.shape)
-  reshape_as = view_as
+  def view_as(self, other): return self.view(other.shape)
+  def reshape_as(self, other): return self.reshape(other.shape)
   def permute(self, *dims) -> "Tensor":
     dims = _shape_arg(dims) if dims and not isinstance(dims[0], (tuple, list)) else tuple(dims[0]) if dims else ()
     if len(dims) != self.ndim:
@@ -1558,7 +1589,8 @@ def _check_device_dtype(device: str, d: DType) -> None:
                        f"{', '.join(sorted(x.name for x in dev.supported))})")
 
 
-def _to_numpy(data, d: DType | None) -> np.ndarray:
+def _to_numpy(data, d: DType | None) -> tuple:
+  """data as a numpy array, with the dtype the tensor takes (None: the array's)."""
   if isinstance(data, np.ndarray):
     arr = data
   else:
@@ -1573,7 +1605,9 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
     # Python floats: default dtype (numpy float scalars keep theirs, as in torch.tensor)
     if d is None and arr.dtype.kind in "fiu" and isinstance(data, (list, tuple)) and _numpy_leaf(data):
       arr = arr.astype(_list_dtype(data).np)   # a list holding numpy scalars or arrays: theirs promoted, as torch
-    elif arr.dtype.kind == "f" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.float32)
+    elif arr.dtype.kind == "f" and d is None and not isinstance(data, np.generic):
+      if dt.default_float is not dt.float64: arr = arr.astype(np.float32)
+      if dt.default_float is not dt.float32: d = dt.default_float   # set_default_dtype's (converted below)
     elif arr.dtype.kind in "iu" and d is None and not isinstance(data, np.generic): arr = arr.astype(np.int64)
   if arr.dtype.kind not in "biuf": raise TypeError(f"unsupported numpy dtype {arr.dtype} for a tensor")
   if d is not None and not isinstance(data, np.ndarray): _check_fits(arr, d)   # PyTorch checks Python numbers only
@@ -1584,7 +1618,7 @@ def _to_numpy(data, d: DType | None) -> np.ndarray:
       arr = arr.astype(d.np)
   elif d is None:
     dt.from_numpy(arr.dtype)   # raises a clear error for uint16 and friends
-  return arr
+  return arr, d
 
 
 def _numpy_leaf(data) -> bool:

@@ -65,6 +65,64 @@ def test_adjoints(shape):
   np.testing.assert_array_equal(fg.adjoint(f).numpy(), tv.numpy())
 
 
+VIEWS = {   # name: (a view of a 2x3x4 tensor as torch gives it, shapes reshaped to)
+  "transpose": (lambda t: t.transpose(0, 2), [(-1,), (4, 6), (2, 2, 3, 2)]),
+  "slice": (lambda t: t[:, 1:], [(-1,), (2, 8), (4, 4), (2, 2, 4)]),
+  "row": (lambda t: t[1], [(-1,), (4, 3), (2, 2, 3)]),
+  "step": (lambda t: t[:, ::2, 1:3], [(-1,), (2, 2, 2, 1), (4, 2)]),
+  "permute": (lambda t: t.permute(1, 0, 2), [(-1,), (3, 8), (6, 4), (3, 2, 2, 2)]),
+  "expand": (lambda t: t[:, :1].expand(2, 5, 4), [(-1,), (10, 4), (2, 5, 2, 2)]),
+  "unsqueezed": (lambda t: t.transpose(1, 2).unsqueeze(1), [(2, 4, 3), (-1,), (8, 3)]),
+  "narrow": (lambda t: t.narrow(2, 1, 2), [(6, 2), (-1,), (2, 3, 2, 1)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_view_layouts_reshapes_and_copies_as_torch(name):
+  """A view's strides, offset and contiguity are torch's; reshape of a view is a view exactly where torch's is (an
+  in-place op on it then reaches the base) and a copy elsewhere (the base untouched); view() raises where torch's
+  does; contiguous() of a contiguous view is that view."""
+  fn, shapes = VIEWS[name]
+  a = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+  for shape in shapes:
+    f, t = _pair(a)
+    fv, tv = fn(f), fn(t)
+    assert fv.stride() == tv.stride() and fv.storage_offset() == tv.storage_offset()
+    assert fv.is_contiguous() == tv.is_contiguous(), (fv.stride(), tv.stride())
+    if name == "expand":
+      fr, tr = fv.reshape(shape), tv.reshape(shape)
+      np.testing.assert_array_equal(fr.numpy(), tr.numpy())
+      assert fr.stride() == tr.stride()
+      continue
+    fr, tr = fv.reshape(shape), tv.reshape(shape)
+    assert fr.stride() == tr.stride() and fr.is_contiguous() == tr.is_contiguous()
+    fr.mul_(-3).add_(1); tr.mul_(-3).add_(1)
+    close = lambda x, y: np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=1e-6, atol=1e-6)   # (an FMA)
+    close(f, t)     # reached the base where torch's did, only there
+    close(fv, tv)
+    close(fr, tr)
+    try: tv.view(shape)
+    except RuntimeError: _same_error(lambda: fv.view(shape), lambda: tv.view(shape))
+    else: assert fv.view(shape).stride() == tv.view(shape).stride()
+    fc, tc = fv.contiguous(), tv.contiguous()
+    fc.add_(5); tc.add_(5)
+    close(f, t)
+  y = fg.tensor(a) * 2                 # a computed tensor: contiguous() is itself, as torch's
+  yc = y.contiguous()
+  yc.sub_(1)
+  np.testing.assert_array_equal(y.numpy(), a * 2 - 1)
+
+
+def test_reshape_copy_keeps_autograd():
+  a = RNG.standard_normal((3, 4)).astype(np.float32)
+  w = RNG.standard_normal(12).astype(np.float32)
+  f, t = _pair(a, grad=True)
+  fr, tr = (f * 2).t().reshape(-1), (t * 2).t().reshape(-1)
+  (fr * fg.tensor(w)).sum().backward(); (tr * torch.tensor(w)).sum().backward()
+  np.testing.assert_allclose(f.grad.numpy(), t.grad.numpy(), rtol=1e-6)
+  _same_error(lambda: (f * 2).t().view(12), lambda: (t * 2).t().view(12))
+
+
 # ---- in-place view ops ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op,shape,args", [("t_", (2, 3), ()), ("t_", (3,), ()), ("transpose_", (2, 3, 4), (0, 2)),
@@ -77,7 +135,7 @@ def test_inplace_views(op, shape, args):
   f, t = _pair(a)
   fv, tv = f.reshape(-1), t.reshape(-1)            # a view taken before
   assert getattr(f, op)(*args) is f and getattr(t, op)(*args) is t
-  assert f.shape == tuple(t.shape) and f.stride() == t.contiguous().stride()
+  assert f.shape == tuple(t.shape) and f.stride() == t.stride() and f.is_contiguous() == t.is_contiguous()
   np.testing.assert_array_equal(f.numpy(), t.numpy())
   idx = (0,) * f.ndim
   f[idx] = 7.0; t[idx] = 7.0                      # a write after: the earlier view sees it
@@ -346,6 +404,15 @@ def test_default_dtype():
     assert fg.zeros(2).dtype == fg.rand(2).dtype == fg.arange(0.0, 1.0, 0.5).dtype == fg.float64
     assert fg.scalar_tensor(3).dtype == fg.as_tensor([1.5]).dtype == fg.float64
     assert (fg.arange(3) * 1.5).dtype == fg.float64
+    v = RNG.standard_normal(3).tolist()     # Python floats: the default dtype, converted from the doubles as torch's
+    np.testing.assert_array_equal(fg.tensor(v).numpy(), np.array(v)) and fg.tensor(0.1).item() == 0.1
+    assert fg.tensor(1.5).dtype == fg.tensor([[1, 2.5]]).dtype == fg.float64 and fg.tensor([1, 2]).dtype == fg.int64
+    assert fg.tensor(np.float32(1)).dtype == fg.tensor(np.ones(2, np.float32)).dtype == fg.float32
+    fg.set_default_dtype(fg.float16)
+    assert fg.tensor(v).dtype == fg.float16 and fg.tensor(v).float().numpy().tolist() == \
+      torch.tensor(v, dtype=torch.float16).float().tolist()
+    fg.set_default_dtype(fg.bfloat16)
+    assert fg.tensor(v).float().numpy().tolist() == torch.tensor(v, dtype=torch.bfloat16).float().tolist()
   finally:
     fg.set_default_dtype(fg.float32)
   assert fg.zeros(2).dtype == fg.float32
