@@ -598,6 +598,7 @@ _FREED = _Freed()
 
 def _op_name(ctx) -> str:
   kind, arg = ctx[0], ctx[1]
+  if kind == "PYFN": return arg[0].__name__ + "Backward"
   name = arg if kind == "ALU" else arg[0] if kind in ("MOVE", "REDUCE") else kind
   return name.capitalize()
 
@@ -806,6 +807,29 @@ def register_hook(t, hook) -> RemovableHandle:
   return _register(_tensor_hooks, t, hook, "a tensor hook was registered")
 
 
+_retained: dict = {}   # id(t) -> weakref: non-leaf tensors that keep their .grad (retain_grad)
+
+
+def retain_grad(t) -> None:
+  """Tensor.retain_grad: a non-leaf's gradient is kept in its .grad by every backward through it (accumulated, as
+  torch's); a hook that stores it (so such a backward runs its rules, as any hooked one)."""
+  if not t.requires_grad: raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+  if t._ctx is None or retains_grad(t): return
+  import weakref
+  w = weakref.ref(t, lambda _r, k=id(t): _retained.pop(k, None))
+
+  def retain(g):
+    x = w()
+    if x is not None: x.grad = g if x.grad is None else x.grad + g
+  register_hook(t, retain)
+  _retained[id(t)] = w
+
+
+def retains_grad(t) -> bool:
+  e = _retained.get(id(t))
+  return e is not None and e() is t
+
+
 def register_post_accumulate_grad_hook(t, hook) -> RemovableHandle:
   """Tensor.register_post_accumulate_grad_hook: hook(t) after backward accumulated into t.grad (leaves only)."""
   if t.requires_grad and not t.is_leaf:
@@ -901,7 +925,8 @@ def _checked(t, g, name: str):
 
 def _free(t, ins) -> None:
   ctx = t._ctx
-  if _saves_something(ctx[0], ctx[1], ins): t._ctx = ctx[:3] + (_FREED,) + ctx[4:]
+  if ctx[0] == "PYFN": _function.free(ctx[1][1])   # (a custom Function's saved tensors; its outputs' recipes stay)
+  elif _saves_something(ctx[0], ctx[1], ins): t._ctx = ctx[:3] + (_FREED,) + ctx[4:]
 
 
 # ---- backward templates ----------------------------------------------------------------------------------
@@ -1110,3 +1135,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, c
       out.append(None)
     else: out.append(_linked(grads[id(i)], i) if create_graph else grads[id(i)])
   return tuple(out)
+
+
+# torch.autograd.Function (custom forward and backward in Python): its recipe's rule
+from fusegrad import autograd_function as _function  # noqa: E402
+from fusegrad.autograd_function import Function, FunctionCtx, once_differentiable  # noqa: E402,F401
+function = _function   # (torch.autograd.function.FunctionCtx, once_differentiable)
+RULES["PYFN"] = _function._rule

@@ -239,6 +239,13 @@ class Tensor:
     return autograd.register_post_accumulate_grad_hook(self, hook)
   @property
   def is_leaf(self) -> bool: return self._ctx is None
+  @property
+  def grad_fn(self):
+    """The recipe that made this tensor as torch's graph node (name(), next_functions), None for a leaf."""
+    return None if self._ctx is None else autograd._function.GradFn(self._ctx)
+  def retain_grad(self) -> None: autograd.retain_grad(self)
+  @property
+  def retains_grad(self) -> bool: return autograd.retains_grad(self)
   def __deepcopy__(self, memo) -> "Tensor":
     """copy.deepcopy (of a Module, as nn.TransformerEncoder clones its layer): a leaf on its own storage with
     the same value, requires_grad and a copy of .grad, as torch; torch refuses non-leaf tensors too."""
