@@ -277,3 +277,26 @@ def test_grad_fn_and_retain_grad(rng):
   assert z.grad is None
   x.retain_grad()   # a leaf: nothing to do
   _err(lambda: fg.ones(2).retain_grad(), lambda: torch.ones(2).retain_grad())
+
+
+def test_mark_dirty_returns_the_written_input(rng):
+  a0 = rng.standard_normal(3).astype(np.float32)
+  res = []
+  for lib in (fg, torch):
+    class Double(lib.autograd.Function):
+      @staticmethod
+      def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+      @staticmethod
+      def backward(ctx, g): return g * 2
+    a = lib.tensor(a0, requires_grad=True)
+    b = a * 3
+    c = Double.apply(b)
+    assert c is b and c.grad_fn.name() == "DoubleBackward"
+    (c * c).sum().backward()
+    res.append((b.detach().numpy(), a.grad.numpy()))
+    with pytest.raises(RuntimeError, match="leaf Variable"): Double.apply(lib.tensor(a0, requires_grad=True))
+  for x, y in zip(*res): np.testing.assert_allclose(x, y, rtol=1e-6)
