@@ -1142,3 +1142,4 @@ from fusegrad import autograd_function as _function  # noqa: E402
 from fusegrad.autograd_function import Function, FunctionCtx, once_differentiable  # noqa: E402,F401
 function = _function   # (torch.autograd.function.FunctionCtx, once_differentiable)
 RULES["PYFN"] = _function._rule
+from fusegrad import autograd_functional as functional  # noqa: E402,F401  (torch.autograd.functional)
