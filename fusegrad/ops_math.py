@@ -946,6 +946,72 @@ def data_ptr(self) -> int:
   return id(_alias.storage_of(self))
 
 
+# -- view(dtype): bit casts
+
+_BITS = {1: dt.uint8, 2: dt.int16, 4: dt.int32, 8: dt.int64}   # the integers a size-changing view computes in
+
+
+def _view_dtype_arg(x):
+  """view's dtype argument (a fusegrad or torch dtype, or Python's int/float/bool as torch takes them)."""
+  if isinstance(x, dt.DType) or any(x is t for t in (builtins.int, builtins.float, builtins.bool)) or \
+     (type(x).__module__ == "torch" and type(x).__name__ == "dtype"):
+    return dt.to_dtype(x)
+  n = type(x).__name__
+  bad = f"      didn't match because some of the arguments have invalid types: (!{n}!)\n"
+  raise TypeError(f"view() received an invalid combination of arguments - got ({n}), but expected one of:\n"
+                  f" * (torch.dtype dtype)\n{bad} * (tuple of ints size)\n{bad}")
+
+
+def view_dtype(self, dtype) -> Tensor:
+  """torch's Tensor.view(dtype): self's bits read as dtype, little-endian (as torch on x86 and ARM). Of the same
+  itemsize, one BITCAST node (elementwise: it fuses with what reads it); of another, torch's rule: the last dim must
+  have stride 1 (and, growing the element, a size, offset and strides divisible by the ratio; torch's errors), and it
+  shrinks or grows by the ratio: each element's bits shifted apart into the smaller ones, or the smaller ones'
+  shifted and or-ed together, between BITCASTs of the same size. The result needs no gradient (torch's view(dtype)
+  is not differentiable). Unlike torch's it is a new value, not a view of self's storage: in-place writes to either
+  do not reach the other (a view as self's own dtype is self.detach(), which shares them). A bool reads a byte as
+  x != 0 (torch keeps the byte: a byte of 2 viewed as bool and back is 1 here, 2 there)."""
+  d, s = _view_dtype_arg(dtype), self.dtype
+  if d is s: return self.detach()
+  _tm._check_device_dtype(self.device, d)
+  if d.itemsize == s.itemsize: return Tensor(_node=gn.bitcast(self.node, d))
+  what = f"to view {dt.scalar_name(s)} as {dt.scalar_name(d)} (different element sizes)"
+  if self.ndim == 0: raise RuntimeError(f"self.dim() cannot be 0 {what}")
+  strides, offset = _alias.layout(self)
+  lead, n, dev = self.shape[:-1], self.shape[-1], self.device
+  if s.itemsize > d.itemsize:
+    if strides[-1] != 1: raise RuntimeError(f"self.stride(-1) must be 1 {what}, but got {strides[-1]}")
+    r = s.itemsize // d.itemsize
+    shape = lead + (n * r,)
+    if self.numel() == 0: return Tensor(_node=gn.const(0, d, shape, dev))
+    # [..., n] -> [..., n, r]: element j's bits >> 8 * itemsize * k, truncated to the small integer
+    wide = lead + (n, r)
+    b = gn.bitcast(self.node, _BITS[s.itemsize])
+    b = gn.broadcast(gn.movement(b, "RESHAPE", lead + (n, 1)), wide)
+    by = gn.alu("MUL", gn.iota(r, b.dtype, dev), gn.const(8 * d.itemsize, b.dtype, (r,), dev))
+    parts = gn.cast(gn.alu("SHR", b, gn.broadcast(by, wide)), _BITS[d.itemsize])
+    return Tensor(_node=gn.bitcast(gn.movement(parts, "RESHAPE", shape), d))
+  r = d.itemsize // s.itemsize
+  if n % r: raise RuntimeError(f"self.size(-1) must be divisible by {r} {what}, but got {n}")
+  if offset % r: raise RuntimeError(f"self.storage_offset() must be divisible by {r} {what}, but got {offset}")
+  if strides[-1] != 1: raise RuntimeError(f"self.stride(-1) must be 1 {what}, but got {strides[-1]}")
+  for i, st in enumerate(strides[:-1]):
+    if st % r: raise RuntimeError(f"self.stride({i}) must be divisible by {r} {what}, but got {st}")
+  m, big = n // r, _BITS[d.itemsize]
+  if self.numel() == 0: return Tensor(_node=gn.const(0, d, lead + (m,), dev))
+  # [..., m, r] small integers, zero-extended: part k shifted left by 8 * itemsize * k, or-ed
+  b = gn.cast(gn.bitcast(self.node, {1: dt.uint8, 2: dt.int16, 4: dt.uint32}[s.itemsize]), big)
+  if s.itemsize == 2: b = gn.alu("AND", b, gn.const(0xFFFF, big, b.shape, dev))   # (no uint16: sign-extended)
+  b = gn.movement(b, "RESHAPE", lead + (m, r))
+  out = None
+  for k in range(r):
+    part = gn.movement(gn.movement(b, "SHRINK", tuple((0, x) for x in lead) + ((0, m), (k, k + 1))), "RESHAPE",
+                       lead + (m,))
+    if k: part = gn.alu("SHL", part, gn.const(8 * s.itemsize * k, big, part.shape, dev))
+    out = part if out is None else gn.alu("OR", out, part)
+  return Tensor(_node=gn.bitcast(out, d))
+
+
 def _H(self):
   if self.ndim == 0: return self
   if self.ndim != 2:

@@ -143,7 +143,7 @@ class Valid(Val):
 
 @dataclass(frozen=True, eq=True)
 class Alu(Val):
-  op: str                # a name from graph/ops.ALU, or CAST
+  op: str                # a name from graph/ops.ALU, or CAST / BITCAST (ops.CONVERT)
   dtype: DType
   src: tuple
 
@@ -402,7 +402,7 @@ class Kernel:
 HALF_FLOATS = frozenset({"float16", "bfloat16"})
 # ops whose result is exactly one of their operands (or a function of one that stays representable in the
 # operand's dtype): they need no rounding
-EXACT_OPS = frozenset({"MAX", "MIN", "NEG", "ABS", "WHERE", "FLOOR", "CEIL", "TRUNC", "RINT", "CAST"})
+EXACT_OPS = frozenset({"MAX", "MIN", "NEG", "ABS", "WHERE", "FLOOR", "CEIL", "TRUNC", "RINT", "CAST", "BITCAST"})
 
 
 def round16(v: Val) -> Val:

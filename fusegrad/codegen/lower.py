@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from fusegrad import dtype as dt
-from fusegrad.graph import symbolic as sym, dims
+from fusegrad.graph import ops, symbolic as sym, dims
 from fusegrad.graph.node import Node
 from fusegrad.graph.view import prod, contiguous_strides
 from fusegrad.codegen.ir import (Gather, Load, Const, Param, Index, Valid, Alu, Reduce, BufferArg, Store, Kernel, Axis, AxisKind,
@@ -316,7 +316,7 @@ class _Builder:
       data = n.src[0]
       return Gather(self.buf(data), dims.storage_numel(data.shape), self.ev(n.src[1], idx, gate), n.dtype)
     if n.op == "CONTIGUOUS": return self.ev(n.src[0], idx, gate)
-    if n.op == "CAST": return Alu(n.op, n.dtype, (self.ev(n.src[0], idx, gate),))
+    if n.op in ops.CONVERT: return Alu(n.op, n.dtype, (self.ev(n.src[0], idx, gate),))
     v = Alu(n.op, n.dtype, tuple(self.ev(s, idx, gate) for s in n.src))
     # every op's result is the value of its dtype, whatever the kernel cut: 16-bit floats round after each op
     return v if n.op in EXACT_OPS else round16(v)
@@ -482,7 +482,7 @@ def _estimate_flops(vals, gsize: int, gvars: tuple) -> tuple[int, int]:
   deps = dependencies(vals)
   total = weighted = 0
   for v in toposort(vals):
-    if isinstance(v, (Alu, Reduce)) and not (isinstance(v, Alu) and v.op in ("CAST", "WHERE")):
+    if isinstance(v, (Alu, Reduce)) and not (isinstance(v, Alu) and v.op in ("CAST", "BITCAST", "WHERE")):
       n = gsize
       for var in deps[id(v)] if isinstance(v, Alu) else deps[id(v.src)]:
         if var not in gvars: n *= var.hi + 1

@@ -210,7 +210,8 @@ VECTOR_F64_OPS = frozenset({"ADD", "SUB", "MUL", "NEG"})
 # the kernel that reads it: tensor._random_bits) on vectors of uint32 / int32, the index itself a vector of its
 # lanes, a shift only by a constant below 32 (C's shift by more is undefined, the scalar spelling guards it) and the
 # bits turned into float32 by a vector CAST; without them every such kernel ran lane by lane (the word LM's LSTM
-# cells with dropout, 300 us a call instead of 60)
+# cells with dropout, 300 us a call instead of 60). A BITCAST between float32 and these is a vector cast too (a
+# view(int32) of floats masked and viewed back: the bits move, no lane is converted)
 VECTOR_INT_OPS = frozenset({"ADD", "SUB", "MUL", "XOR", "AND", "OR", "SHL", "SHR"})
 VECTOR_INTS = (dt.uint32, dt.int32)
 # comparisons of float32 vectors give lane masks (a bool vector: every bit of a lane set where true, as C's vector
@@ -355,6 +356,7 @@ def _int_lanes(v, u=None) -> bool:
   if v.dtype not in VECTOR_INTS: return False
   if isinstance(v, Index): return True
   if isinstance(v, Load): return u is not None and _stride(v.idx, u) == 1
+  if isinstance(v, Alu) and v.op == "BITCAST": return v.src[0].dtype in (dt.float32,) + VECTOR_INTS   # (its bits)
   if not isinstance(v, Alu) or v.op not in VECTOR_INT_OPS or any(c.dtype is not v.dtype for c in v.src): return False
   return v.op not in ("SHL", "SHR") or (isinstance(v.src[1], Const) and 0 <= v.src[1].value < 32)
 
@@ -400,7 +402,7 @@ def _vector_region(u, vals: list, deps: dict, masks: set, f64: bool = False) -> 
     if not on_u(v): continue
     region.add(id(v))
     if (reduces and id(v) not in inside) or id(v) in masks or id(v) in rows or id(v) in positions: continue
-    if _int_lanes(v, u) or (isinstance(v, Alu) and v.op == "CAST" and v.dtype is dt.float32 and
+    if _int_lanes(v, u) or (isinstance(v, Alu) and v.op in ("CAST", "BITCAST") and v.dtype is dt.float32 and
                             _int_lanes(v.src[0], u)):
       continue
     if v.dtype is dt.float64:
@@ -529,6 +531,8 @@ def _vectorize(stores: list, u: sym.Var, shared: set = frozenset(), masked: bool
         r = Alu(v.op, vd, (srcs[0], as_vec(srcs[1]), as_vec(srcs[2])))
       elif v.op == "CAST" and v.dtype is dt.float32 and isvec(srcs[0]) and srcs[0].dtype.scalar in (dt.bool_,) + VECTOR_INTS:
         r = Alu(v.op, vd, (srcs[0],))
+      elif v.op == "BITCAST" and v.dtype is dt.float32 and isvec(srcs[0]) and srcs[0].dtype.scalar in VECTOR_INTS:
+        r = Alu(v.op, vd, (srcs[0],))   # 32-bit integer lanes' bits as float32 ones (a vector cast)
       elif _int_lanes(v) and not any(islanes(c) for c in srcs):
         r = Alu(v.op, vd, tuple(as_vec(c) for c in srcs))
       else: r = tuple(Alu(v.op, v.dtype, tuple(lane(c, i) for c in srcs)) for i in range(n))

@@ -224,6 +224,27 @@ def cast(src: Node, dtype: dt.DType) -> Node:
   return make("CAST", dtype, (src,), None, src.shape, src.device)
 
 
+def bitcast(src: Node, dtype: dt.DType) -> Node:
+  """src's bits read as dtype, of the same itemsize (PyTorch's view(dtype); a bool reads a byte as x != 0)."""
+  if dtype.itemsize != src.dtype.itemsize:
+    raise ValueError(f"bitcast {src.dtype.name} -> {dtype.name}: itemsizes differ (the frontend splits such a view)")
+  if src.dtype == dtype: return src
+  below = src.src   # (read before `realized`, as _base_view: a realized node has dropped its sources)
+  if src.op == "BITCAST" and below and not src.realized and not src.dtype.is_bool:   # (through a bool: x != 0)
+    return bitcast(below[0], dtype)
+  if is_const(src):
+    v = _const_bits(src.arg, src.dtype, dtype)
+    # (a float NaN is no constant: a literal keeps no payload, a BITCAST of the integer one renders it exactly)
+    if not (dtype.is_float and math.isnan(v)): return const(v, dtype, src.shape, src.device)
+  return make("BITCAST", dtype, (src,), None, src.shape, src.device)
+
+
+def _const_bits(v, src: dt.DType, d: dt.DType):
+  """The constant v of dtype src, its bits read as d (a Python scalar)."""
+  from fusegrad.runtime.python import bitcast_values
+  return bitcast_values(np.array(v, dtype=np.float32 if src.name in ("float16", "bfloat16") else src.np), src, d).item()
+
+
 # ---- reductions -------------------------------------------------------------------------------------------
 
 def reduce_identity(op: str, d: dt.DType):

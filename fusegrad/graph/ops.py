@@ -120,6 +120,12 @@ TERNARY = {"WHERE": OpInfo("WHERE", 3, np.where)}
 
 ALU = {**UNARY, **BINARY, **TERNARY}
 
+# conversions: elementwise like the ALU ops, one source, the result's dtype given by the node. CAST converts the value
+# (C's and PyTorch's .to), BITCAST reads the source's bits as a dtype of the same size (PyTorch's view(dtype); a
+# bool's byte reads as x != 0). Their numpy meanings take the dtypes: runtime/python.py
+CONVERT = frozenset({"CAST", "BITCAST"})
+ELEMENTWISE = frozenset(ALU) | CONVERT
+
 # reductions: identity element and numpy meaning (over the given axes, keepdims)
 REDUCE = {
   "SUM": (0, np.sum),

@@ -16,7 +16,7 @@ from fusegrad.graph import ops, symbolic as sym
 from fusegrad.graph.node import reduce_identity
 from fusegrad.runtime.device import Device
 from fusegrad.codegen.ir import (tree_top, Stage, LocalLoad, Gather, GroupReduce, Load, Const, Param, Index, Valid, Alu,
-                                 Vectorize, Gep, VecDType, Mma)
+                                 Vectorize, Gep, VecDType, Mma, scalar_of)
 from fusegrad.codegen.linearize import Loop, End, Let, Acc, Update, StoreSt, Fetch, Refill, PrefetchSt
 from fusegrad.codegen.renderer.base import Caps
 from fusegrad.codegen import passes
@@ -30,7 +30,9 @@ def _bf16_round(x):
   u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
   r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32)
   nan = np.isnan(np.asarray(x, dtype=np.float32))
-  r = np.where(nan, (u >> 16).astype(np.uint32) | 0x40, r)
+  # a NaN keeps its upper bits where they are one (a payload survives, a bitcast's signalling NaN stays one: the
+  # renderers' fg_f32_to_bf16), else the quiet bit keeps it a NaN
+  r = np.where(nan, (u >> 16).astype(np.uint32) | np.where(u & 0x7F0000, 0, 0x40).astype(np.uint32), r)
   return r.astype(np.uint16)
 
 
@@ -47,13 +49,52 @@ def _cast(x, d: dt.DType):
   with np.errstate(all="ignore"):
     if d.is_bool: return x != 0
     # through float32, as the C/OpenCL casts (and PyTorch) go: a double is not rounded to 16 bits directly
-    if d == dt.float16: return x.astype(np.float32).astype(np.float16).astype(np.float32)
+    if d == dt.float16:   # (a NaN as it is: its payload is the store's to keep, _half_bits)
+      x = x.astype(np.float32)
+      return np.where(np.isnan(x), x, x.astype(np.float16).astype(np.float32))
     if d == dt.bfloat16: return bf16_round_trip(x.astype(np.float32))
     if d.is_int and x.dtype.kind == "f":  # C leaves NaN/inf casts undefined; pick 0 deterministically
       x = np.where(np.isfinite(x), x, 0)
       if d.itemsize < 8 or d.is_unsigned:  # go through int64 so out-of-range values wrap like C would
         return np.trunc(x).astype(np.int64).astype(d.np)
     return x.astype(d.np)
+
+
+def _half_bits(x) -> np.ndarray:
+  """float32 values that are float16 values as float16's bits (int16), exactly: a NaN's from its bits (the upper
+  ten of its payload, a signalling one kept so), not left to numpy's conversion, as the renderers' fg_f32_to_half."""
+  x = np.asarray(x, dtype=np.float32)
+  with np.errstate(all="ignore"): h = x.astype(np.float16).view(np.int16)
+  u = x.view(np.uint32)
+  top = ((u >> 13) & 0x3FF).astype(np.int32)
+  nan = ((u >> 16) & 0x8000).astype(np.int32) | 0x7C00 | np.where(top != 0, top, 0x200)
+  return np.where(np.isnan(x), nan.astype(np.uint16).view(np.int16), h)
+
+
+def _half_value(h) -> np.ndarray:
+  """float16's bits (16-bit integers) as float32 values, exactly (a NaN's payload in the upper bits, as
+  fg_half_to_f32)."""
+  h = np.asarray(h).astype(np.uint16)
+  f = h.view(np.float16).astype(np.float32)
+  nan = (h.astype(np.uint32) & 0x8000) << 16 | 0x7F800000 | (h.astype(np.uint32) & 0x3FF) << 13
+  return np.where((h & 0x7C00) == 0x7C00, nan.view(np.float32), f)
+
+
+_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def bitcast_values(x, src: dt.DType, d: dt.DType) -> np.ndarray:
+  """BITCAST's meaning on register values (16-bit floats as float32, bools as numpy bools): x's bits as d, of the
+  same size; a bool reads its byte as x != 0."""
+  x = np.asarray(x)
+  if src == dt.float16: bits = _half_bits(x)
+  elif src == dt.bfloat16: bits = (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)   # (exact values)
+  else: bits = x.astype(src.np)
+  bits = bits.view(_BITS[d.itemsize])
+  if d == dt.float16: return _half_value(bits)
+  if d == dt.bfloat16: return _bf16_to_f32(bits.view(np.uint16))
+  if d.is_bool: return bits != 0
+  return bits.view(d.np)
 
 
 def tf32_round(x):
@@ -169,7 +210,8 @@ class Interpreter:
           ok = np.broadcast_to(ok, shape)
         pos = pos[ok]
         val = np.broadcast_to(np.asarray(env[st.arg]), shape)[ok]
-        bufs[st.buf][pos] = _bf16_round(val) if d == dt.bfloat16 else _cast(val, d).astype(d.np)
+        bufs[st.buf][pos] = _bf16_round(val) if d == dt.bfloat16 else _half_bits(_cast(val, d)).view(np.float16) \
+            if d == dt.float16 else _cast(val, d).astype(d.np)
       i += 1
 
   @staticmethod
@@ -283,6 +325,7 @@ class Interpreter:
       return mma(v.tc, a[0], a[1], a[2], n)
     if isinstance(v, Alu):
       if v.op == "CAST": return _cast(a[0], v.dtype)
+      if v.op == "BITCAST": return bitcast_values(a[0], scalar_of(v.src[0].dtype), scalar_of(v.dtype))
       info = ops.ALU[v.op]
       a = [np.asarray(x) for x in a]
       if isinstance(v.dtype, VecDType):   # one condition for every lane of a select: [items] -> [items, 1]

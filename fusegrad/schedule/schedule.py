@@ -441,7 +441,7 @@ def _create_schedule(roots: list[Node], cuts: dict[int, str] | None = None) -> l
         if x in cut or x in covered: continue
         n = byid[x]
         if n.op != "REDUCE":
-          if (n.op in ops.ALU or n.op == "CAST") and \
+          if n.op in ops.ELEMENTWISE and \
              not any(u is not None and u.op == "REDUCE" for u in consumers.get(x, ())) and \
              _alu_count(n, is_boundary, share_ops, _OP_COST) > share_ops:
             e = _chain_end(n, consumers, cut)
@@ -561,7 +561,7 @@ def _accumulation_end(e: Node, consumers: dict, cut: set) -> tuple[Node, list]:
 def _pointwise(u: Node, r: Node) -> bool:
   """u reads its sources at its own element (an ALU op or a cast of r's size, or a reshape: the matmul's
   [n, 1, m] sum seen as [n, m])."""
-  if u.op in ops.ALU or u.op == "CAST": return u.numel == r.numel
+  if u.op in ops.ELEMENTWISE: return u.numel == r.numel
   return u.op == "VIEW" and u.numel == r.numel and u.arg.mask is None and u.arg.is_contiguous
 
 

@@ -94,6 +94,7 @@ class CStyleRenderer:
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)}){{{','.join(a)}}})"
   def gep(self, a: str, lane: int) -> str: return f"{a}[{lane}]"
   def vconvert(self, a: str, d: VecDType) -> str: return f"__builtin_convertvector({a}, {self.vec_type(d)})"
+  def vbitcast(self, a: str, d: VecDType) -> str: return f"(({self.vec_type(d)})({a}))"   # (keeps the bits)
   def vload(self, buf: int, idx: str, d: VecDType) -> str: return self.vload_at(f"b{buf}", idx, d)
   def vload_at(self, ptr: str, idx: str, d: VecDType) -> str:
     if d.scalar.is_bool: return f"fg_vloadb_{d.count}({ptr}+{idx})"   # bools' bytes as a lane mask
@@ -113,6 +114,7 @@ class CStyleRenderer:
            "XOR": "^", "AND": "&", "OR": "|", "SHL": "<<", "SHR": ">>"}   # (a shift's count: a constant below 32)
     if op in ops: return f"({a[0]}{ops[op]}{a[1]})"
     if op == "CAST" and not srcs[0].dtype.scalar.is_bool: return self.vconvert(a[0], d)   # 32-bit integer lanes
+    if op == "BITCAST": return self.vbitcast(a[0], d)
     if op == "NEG": return f"(-{a[0]})"
     if op == "RECIP": return f"(1.0f/{a[0]})"   # a scalar operand applies to every lane
     if op in ("MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT"): return f"fg_v{op.lower()}_{self.vec_type(d)}({','.join(a)})"
@@ -139,12 +141,28 @@ class CStyleRenderer:
     if d == dt.bfloat16: return f"fg_bf16_to_f32(fg_f32_to_bf16((float)({a})))"
     return f"({self.reg_type(d)})({a})"
 
+  def bitcast(self, a: str, src: dt.DType, d: dt.DType) -> str:
+    """a's bits as d, of the same size (ops.CONVERT). A 16-bit float's register holds its float32 value: its bits
+    are its storage's (exact: a NaN's payload and signalling bit kept, fg_f32_to_half); a bool reads its byte as
+    x != 0."""
+    if src == dt.float16: a = f"fg_f32_to_half({a})"
+    elif src == dt.bfloat16: a = f"(fg_f_bits({a}) >> 16)"   # (its value is exact: the upper half of its float32)
+    elif src == dt.float32: a = f"fg_f_bits({a})"
+    elif src == dt.float64: a = f"fg_d_bits({a})"
+    if d == dt.float16: return f"fg_half_to_f32((unsigned short)({a}))"
+    if d == dt.bfloat16: return f"fg_bf16_to_f32((unsigned short)({a}))"
+    if d == dt.float32: return f"fg_bits_f((uint32_t)({a}))"
+    if d == dt.float64: return f"fg_bits_d({a})"   # (the argument converts to the helper's unsigned 64 bits)
+    if d.is_bool: return f"({a} != 0)"
+    return f"(({self.reg_type(d)})({a}))"
+
   def alu(self, op: str, d: dt.DType, a: list, srcs: tuple) -> str:
     if isinstance(d, VecDType): return self.valu(op, d, a, srcs)
     sd = srcs[0].dtype if srcs else d
     fl = self.reg_dtype(sd).is_float
     f = lambda n: self.math_fn(n, sd)
     if op == "CAST": return self.cast(a[0], sd, d)
+    if op == "BITCAST": return self.bitcast(a[0], sd, d)
     simple = {"ADD": "+", "SUB": "-", "MUL": "*", "CMPLT": "<", "CMPLE": "<=", "CMPEQ": "==", "CMPNE": "!=",
               "AND": "&", "OR": "|", "XOR": "^"}
     if op in simple: return f"({a[0]}{simple[op]}{a[1]})"
@@ -358,7 +376,8 @@ static inline long long fg_floormod(long long a, long long b) { long long r = a 
 static inline float fg_bf16_to_f32(unsigned short h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned short fg_f32_to_bf16(float f) {
   uint32_t u; memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  /* quiet NaN */
+  /* a NaN keeps its upper bits (a bitcast's payload, signalling or not) where they hold one, else gets the quiet bit */
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | ((u & 0x7f0000u) ? 0u : 0x40u));
   u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even */
   return (unsigned short)(u >> 16);
 }
@@ -377,13 +396,17 @@ static inline float fg_half_to_f32(unsigned short h) {
 static inline unsigned short fg_f32_to_half(float x) {
   float r = fg_round_half(x); uint32_t u; memcpy(&u, &r, 4);
   unsigned short s = (unsigned short)((u >> 16) & 0x8000u); uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return s | 0x7e00u;
+  if (a > 0x7f800000u) {  /* a NaN keeps the payload's upper bits (a bitcast's), else gets the quiet bit */
+    unsigned short m = (unsigned short)((a >> 13) & 0x3ffu); return s | 0x7c00u | (m ? m : 0x200u);
+  }
   if (a == 0x7f800000u) return s | 0x7c00u;
   if (a < 0x38800000u) { float q; memcpy(&q, &a, 4); return s | (unsigned short)(q * 16777216.0f); }
   return s | (unsigned short)((((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu));
 }
 static inline float fg_bits_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t fg_f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline double fg_bits_d(unsigned long long u) { double f; memcpy(&f, &u, 8); return f; }
+static inline unsigned long long fg_d_bits(double f) { unsigned long long u; memcpy(&u, &f, 8); return u; }
 """
 
 # float32 exp/log/tanh shared by the C and OpenCL preludes (the same bits on both devices)
@@ -677,7 +700,7 @@ static inline long fg_floormod(long a, long b) { long r = a % b; return (r != 0 
 static inline float fg_bf16_to_f32(ushort h) { return as_float((uint)h << 16); }
 static inline ushort fg_f32_to_bf16(float f) {
   uint u = as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | ((u & 0x7f0000u) ? 0u : 0x40u));
   u += 0x7fffu + ((u >> 16) & 1u);
   return (ushort)(u >> 16);
 }
@@ -694,6 +717,21 @@ typedef int int32_t;
 #define fabsf fabs
 static inline float fg_bits_f(uint u) { return as_float(u); }
 static inline uint fg_f_bits(float f) { return as_uint(f); }
+static inline double fg_bits_d(ulong u) { return as_double(u); }
+static inline ulong fg_d_bits(double f) { return as_ulong(f); }
+/* float16's bits and back in plain integer code (a bitcast: vload_half/vstore_half may not keep a NaN's payload) */
+static inline float fg_half_to_f32(ushort h) {
+  uint s = (uint)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; return s ? -f : f; }
+  return as_float(s | (e == 31 ? 0x7f800000u : ((e + 112u) << 23)) | (m << 13));
+}
+static inline ushort fg_f32_to_half(float x) {
+  uint u = as_uint(fg_round_half(x)); ushort s = (ushort)((u >> 16) & 0x8000u); uint a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) { ushort m = (ushort)((a >> 13) & 0x3ffu); return s | 0x7c00u | (m ? m : 0x200u); }
+  if (a == 0x7f800000u) return s | 0x7c00u;
+  if (a < 0x38800000u) return s | (ushort)(as_float(a) * 16777216.0f);
+  return s | (ushort)((((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu));
+}
 """
 _CL_PRELUDE += "\n" + _MATH
 
@@ -726,6 +764,7 @@ class OpenCLRenderer(CStyleRenderer):
   def vmake(self, d: VecDType, a: list) -> str: return f"(({self.vec_type(d)})({','.join(a)}))"
   def gep(self, a: str, lane: int) -> str: return f"{a}.s{lane:x}"
   def vconvert(self, a: str, d: VecDType) -> str: return f"convert_{self.vec_type(d)}({a})"
+  def vbitcast(self, a: str, d: VecDType) -> str: return f"as_{self.vec_type(d)}({a})"
   def vload_at(self, ptr: str, idx: str, d: VecDType) -> str:
     if d.scalar.is_bool: return f"(convert_int{d.count}(vload{d.count}(0, {ptr}+{idx})) != 0)"   # a lane mask
     return f"vload{d.count}(0, {ptr}+{idx})"
