@@ -3,7 +3,7 @@
 Layers are compositions of lazy Tensor ops (`nn.functional`), so a model's forward pass, its
 backward pass and the optimizer's update fuse like any other graph.
 """
-from fusegrad.nn.module import Module, Parameter, Sequential, ModuleList, ModuleDict
+from fusegrad.nn.module import Module, Parameter, Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict
 from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d,
                                 ConvTranspose3d, MaxPool1d, MaxPool2d, MaxPool3d, AvgPool1d, AvgPool2d,
                                 AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, BatchNorm1d,
@@ -12,6 +12,14 @@ from fusegrad.nn.layers import (Identity, Linear, Conv1d, Conv2d, Conv3d, ConvTr
                                 LeakyReLU, ELU, GELU, SiLU, Mish, Softplus, Sigmoid, Tanh, Hardtanh, Hardsigmoid,
                                 Hardswish, GLU, LogSigmoid, Softmax, LogSoftmax, Softmin, CELU, SELU, MSELoss, L1Loss,
                                 SmoothL1Loss, HuberLoss, CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss)
+from fusegrad.nn.layers import Bilinear, EmbeddingBag, LocalResponseNorm, CrossMapLRN2d
+from fusegrad.nn.activation import PReLU, RReLU, Hardshrink, Softshrink, Tanhshrink, Threshold, Softsign
+from fusegrad.nn.dropout import Dropout1d, Dropout2d, Dropout3d, AlphaDropout, FeatureAlphaDropout
+from fusegrad.nn.padding import (ZeroPad1d, ZeroPad2d, ZeroPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,
+                                 ReflectionPad1d, ReflectionPad2d, ReflectionPad3d, ReplicationPad1d, ReplicationPad2d,
+                                 ReplicationPad3d, CircularPad1d, CircularPad2d, CircularPad3d)
+from fusegrad.nn.sampling import (PixelShuffle, PixelUnshuffle, ChannelShuffle, Upsample, UpsamplingNearest2d,
+                                  UpsamplingBilinear2d, Fold, Unfold)
 from fusegrad.nn.transformer import (Transformer, TransformerEncoder, TransformerDecoder, TransformerEncoderLayer,
                                      TransformerDecoderLayer)
 from fusegrad.nn.rnn import RNNBase, RNN, LSTM, GRU, RNNCellBase, RNNCell, LSTMCell, GRUCell
@@ -26,4 +34,5 @@ def __getattr__(name: str):
   raise AttributeError(f"module 'fusegrad.nn' has no attribute {name!r}")
 from fusegrad.nn.losses import (MarginRankingLoss, TripletMarginLoss, TripletMarginWithDistanceLoss,  # noqa: E402
                                 CosineEmbeddingLoss, MultiLabelSoftMarginLoss, MultiLabelMarginLoss, MultiMarginLoss,
-                                PoissonNLLLoss, GaussianNLLLoss, HingeEmbeddingLoss, SoftMarginLoss, PairwiseDistance)
+                                PoissonNLLLoss, GaussianNLLLoss, HingeEmbeddingLoss, SoftMarginLoss, PairwiseDistance,
+                                CosineSimilarity)

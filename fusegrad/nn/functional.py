@@ -1031,3 +1031,41 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
 # resampling, rearranging and the further losses live in their own modules; they are part of this namespace
 from fusegrad.nn.sampling import *  # noqa: E402,F401,F403
 from fusegrad.nn.losses import *  # noqa: E402,F401,F403
+from fusegrad.nn.activation import *  # noqa: E402,F401,F403
+from fusegrad.nn.dropout import *  # noqa: E402,F401,F403
+
+
+def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+  """y[..., o] = sum_ij input1[..., i] weight[o, i, j] input2[..., j] + bias[o]: one matmul against weight laid out
+  [in1, out * in2], then a product with input2 reduced over in2."""
+  if input1.ndim != input2.ndim:
+    raise RuntimeError(f"bilinear(): input dimensions do not match: got {input1.ndim} and {input2.ndim}")
+  for i in range(input1.ndim - 1):
+    if input1.shape[i] != input2.shape[i]:
+      raise RuntimeError(f"bilinear(): input batch dimensions do not match at dim {i}: got {input1.shape[i]} and "
+                         f"{input2.shape[i]}")
+  for k, x in ((1, input1), (2, input2)):
+    if weight.ndim > k and x.shape[-1] != weight.shape[k]:
+      raise RuntimeError(f"bilinear(): input{k} size does not match weight size: got {x.shape[-1]} but expected "
+                         f"{weight.shape[k]}")
+  if weight.ndim != 3: raise RuntimeError(f"bilinear(): weight must be 3-D, got {weight.ndim}-D")
+  O, I, J = weight.shape
+  if bias is not None and bias.shape[0] != O:
+    raise RuntimeError(f"bilinear(): bias size does not match weight size: got {bias.shape[0]} but expected {O}")
+  x1, x2 = input1.reshape(-1, I), input2.reshape(-1, 1, J)
+  out = ((x1 @ weight.permute(1, 0, 2).reshape(I, O * J)).reshape(-1, O, J) * x2).sum(-1)
+  if bias is not None: out = out + bias
+  return out.reshape(*input1.shape[:-1], O)
+
+
+def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:
+  """input / (k + alpha * mean of the squares over a window of `size` channels, zero-padded)^beta, as torch's."""
+  if input.ndim < 3:
+    raise ValueError(f"Expected 3D or higher dimensionality                          input (got {input.ndim} "
+                     f"dimensions)")   # (torch's spaces)
+  if input.numel() == 0: return input
+  C = input.shape[1]
+  sq = input.square().pad((0, 0) * (input.ndim - 2) + (size // 2, (size - 1) // 2))
+  div = sq.narrow(1, 0, C)
+  for i in range(1, size): div = div + sq.narrow(1, i, C)
+  return input / (div / size * alpha + k).pow(beta)

@@ -43,6 +43,30 @@ class Linear(Module):
     return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Bilinear(Module):
+  """y = x1^T A x2 + b with weight A [out, in1, in2]; torch's U(-1/sqrt(in1), 1/sqrt(in1)) init for both."""
+  def __init__(self, in1_features: int, in2_features: int, out_features: int, bias: bool = True, device=None,
+               dtype=None):
+    super().__init__()
+    self.in1_features, self.in2_features, self.out_features = in1_features, in2_features, out_features
+    self.weight = _empty(out_features, in1_features, in2_features, device=device, dtype=dtype)
+    if bias: self.bias = _empty(out_features, device=device, dtype=dtype)
+    else: self.register_parameter("bias", None)
+    self.reset_parameters()
+
+  def reset_parameters(self) -> None:
+    if self.in1_features <= 0:
+      raise ValueError(f"in1_features must be > 0, but got (in1_features={self.in1_features})")
+    bound = 1 / math.sqrt(self.weight.shape[1])
+    init.uniform_(self.weight, -bound, bound)
+    if self.bias is not None: init.uniform_(self.bias, -bound, bound)
+
+  def forward(self, input1: Tensor, input2: Tensor) -> Tensor: return F.bilinear(input1, input2, self.weight, self.bias)
+  def extra_repr(self) -> str:
+    return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}")
+
+
 class _ConvNd(Module):
   _nd = 0
   _transposed = False
@@ -339,6 +363,37 @@ class GroupNorm(Module):
     return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, bias={self.bias is not None}"
 
 
+class LocalResponseNorm(Module):
+  def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
+    super().__init__()
+    self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+  def forward(self, input: Tensor) -> Tensor:
+    return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
+  def extra_repr(self) -> str: return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class CrossMapLRN2d(Module):
+  """Lua Torch's LRN of 4-D inputs, kept in torch for old models. Its window is torch's: for channel c the squares of
+  channels c - p + 1 .. c + p - 1 (p = (size - 1) // 2 + 1), where from channel p + 1 on channel 0's square stays in
+  the sum (torch's running-sum loop never subtracts it). The gradient is autograd's of that forward (torch's
+  hand-written backward uses another window)."""
+  def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1):
+    super().__init__()
+    self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+  extra_repr = LocalResponseNorm.extra_repr
+
+  def forward(self, input: Tensor) -> Tensor:
+    if input.ndim != 4: raise ValueError(f"CrossMapLRN2d: Expected input to be 4D, got {input.ndim}D instead.")
+    C = input.shape[1]
+    pre = int((self.size - 1) / 2 + 1)
+    c = fg.arange(C, device=input.device).reshape(C, 1)
+    j = fg.arange(C, device=input.device).reshape(1, C)
+    window = ((j <= c + pre - 1) & ((j >= c - pre + 1) | (j == 0)))._cast(input.dtype)          # [c, j]
+    sums = (input.square().permute(0, 2, 3, 1) @ window.T).permute(0, 3, 1, 2)
+    scale = sums * (self.alpha / self.size) + self.k
+    return scale.pow(-self.beta) * input
+
+
 class Embedding(Module):
   def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, max_norm=None,
                norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False, _weight=None,
@@ -368,6 +423,60 @@ class Embedding(Module):
   def extra_repr(self) -> str:
     return f"{self.num_embeddings}, {self.embedding_dim}" + (f", padding_idx={self.padding_idx}"
                                                              if self.padding_idx is not None else "")
+
+
+class EmbeddingBag(Module):
+  """Sums, means or maxima of bags of embeddings (F.embedding_bag): torch's arguments, N(0, 1) init and padding row."""
+  def __init__(self, num_embeddings: int, embedding_dim: int, max_norm=None, norm_type: float = 2.0,
+               scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False, _weight=None,
+               include_last_offset: bool = False, padding_idx: int | None = None, device=None, dtype=None):
+    super().__init__()
+    if max_norm is not None or scale_grad_by_freq or sparse:
+      raise NotImplementedError("EmbeddingBag: max_norm, scale_grad_by_freq and sparse are not supported")
+    self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+    self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
+    if padding_idx is not None:
+      if not -num_embeddings <= padding_idx < num_embeddings:
+        raise AssertionError("padding_idx must be within num_embeddings")
+      if padding_idx < 0: padding_idx += num_embeddings
+    self.padding_idx = padding_idx
+    if _weight is None:
+      self.weight = _empty(num_embeddings, embedding_dim, device=device, dtype=dtype)
+      self.reset_parameters()
+    else:
+      if list(_weight.shape) != [num_embeddings, embedding_dim]:
+        raise AssertionError("Shape of weight does not match num_embeddings and embedding_dim")
+      self.weight = Parameter(_weight)
+    self.mode, self.sparse, self.include_last_offset = mode, sparse, include_last_offset
+
+  def reset_parameters(self) -> None:
+    init.normal_(self.weight)
+    if self.padding_idx is not None:
+      with fg.no_grad(): self.weight[self.padding_idx] = 0.0
+
+  def forward(self, input: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
+    return F.embedding_bag(input, self.weight, offsets, self.max_norm, self.norm_type, self.scale_grad_by_freq,
+                           self.mode, self.sparse, per_sample_weights, self.include_last_offset, self.padding_idx)
+
+  def extra_repr(self) -> str:
+    s = f"{self.num_embeddings}, {self.embedding_dim}"
+    if self.max_norm is not None: s += f", max_norm={self.max_norm!r}"
+    if self.norm_type != 2: s += f", norm_type={self.norm_type!r}"
+    if self.scale_grad_by_freq is not False: s += f", scale_grad_by_freq={self.scale_grad_by_freq!r}"
+    s += f", mode={self.mode!r}"
+    if self.padding_idx is not None: s += f", padding_idx={self.padding_idx!r}"
+    return s
+
+  @classmethod
+  def from_pretrained(cls, embeddings: Tensor, freeze: bool = True, max_norm=None, norm_type: float = 2.0,
+                      scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
+                      include_last_offset: bool = False, padding_idx: int | None = None) -> "EmbeddingBag":
+    if embeddings.ndim != 2: raise AssertionError("Embeddings parameter is expected to be 2-dimensional")
+    rows, cols = embeddings.shape
+    bag = cls(rows, cols, max_norm, norm_type, scale_grad_by_freq, mode, sparse, embeddings, include_last_offset,
+              padding_idx)
+    bag.weight.requires_grad_(not freeze)
+    return bag
 
 
 class Dropout(Module):

@@ -250,6 +250,16 @@ class PairwiseDistance(Module):
   def forward(self, x1: Tensor, x2: Tensor) -> Tensor: return pairwise_distance(x1, x2, self.norm, self.eps, self.keepdim)
 
 
+class CosineSimilarity(Module):
+  def __init__(self, dim: int = 1, eps: float = 1e-8):
+    super().__init__()
+    self.dim, self.eps = dim, eps
+
+  def forward(self, x1: Tensor, x2: Tensor) -> Tensor:
+    from fusegrad.nn import functional as F
+    return F.cosine_similarity(x1, x2, self.dim, self.eps)
+
+
 class PoissonNLLLoss(_Loss):
   def __init__(self, log_input: bool = True, full: bool = False, size_average=None, eps: float = 1e-8, reduce=None,
                reduction: str = "mean"):

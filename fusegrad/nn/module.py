@@ -296,10 +296,16 @@ class Module:
   def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
     """Copy values into the parameters and buffers, in place. Every key, shape and dtype is checked
     first; on any error nothing is changed and the message lists all problems."""
+    hooks = [(prefix, h) for prefix, m in self.named_modules()
+             for h in m.__dict__.get("_load_state_dict_pre_hooks", {}).values()]
+    hook_errors: list = []
+    if hooks:   # (they may rename keys: on a copy, as torch's)
+      state_dict = OrderedDict(state_dict)
+      for prefix, h in hooks: h(state_dict, prefix + "." if prefix else "", {}, strict, [], [], hook_errors)
     own = self.state_dict(keep_vars=True)
     missing = [k for k in own if k not in state_dict]
     unexpected = [k for k in state_dict if k not in own]
-    errors = []
+    errors = list(hook_errors)
     for k, t in own.items():
       if k not in state_dict: continue
       v = state_dict[k]
@@ -320,6 +326,15 @@ class Module:
       if k in state_dict: _set_value(t, state_dict[k].to(t.device).to(t.dtype))
     fg.realize(*[t for k, t in own.items() if k in state_dict])
     return _IncompatibleKeys(missing, unexpected)
+
+  def _register_load_state_dict_pre_hook(self, hook, with_module: bool = False):
+    """hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs) before
+    load_state_dict reads the dict (it may rename keys in it; its error_msgs are reported); with_module: the module
+    is passed first."""
+    hooks = self._hooks("_load_state_dict_pre_hooks")
+    h = autograd.RemovableHandle(hooks)
+    hooks[h.id] = (lambda *a: hook(self, *a)) if with_module else hook
+    return h
 
   # ---- modes and placement ----
   def train(self, mode: bool = True) -> Module:
@@ -463,9 +478,14 @@ class Module:
   def extra_repr(self) -> str: return ""
 
   def __repr__(self) -> str:
-    lines = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
-    head = type(self).__name__ + "(" + self.extra_repr()
+    # torch's layout: a one-line extra_repr without children stays inline, else one line per extra line and child
+    extra = self.extra_repr()
+    extra_lines = extra.split("\n") if extra else []
+    child_lines = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
+    lines = extra_lines + child_lines
+    head = type(self).__name__ + "("
     if not lines: return head + ")"
+    if len(extra_lines) == 1 and not child_lines: return head + extra_lines[0] + ")"
     return head + "\n  " + "\n  ".join(lines) + "\n)"
 
   def __dir__(self):
@@ -671,3 +691,149 @@ class ModuleDict(Module):
           raise ValueError("ModuleDict update sequence element #" + str(j) + " has length " + str(len(m))
                            + "; 2 is required")
         self[m[0]] = m[1]
+
+
+def _param_line(k, p) -> str:
+  if isinstance(p, Tensor):
+    size = "x".join(str(n) for n in p.shape)
+    return f"  ({k}): {'Parameter' if isinstance(p, Parameter) else 'Tensor'} containing: [{p.dtype} of size {size}]"
+  return f"  ({k}): Object of type: {type(p).__name__}"
+
+
+class ParameterList(Module):
+  """Parameters held as attributes "0", "1", ... (so named_parameters() and state_dict() name them as torch's);
+  a tensor stored is made a Parameter, any other object kept as is."""
+  def __init__(self, values=None):
+    super().__init__()
+    self._size = 0
+    if values is not None: self += values
+
+  def _get_abs_string_index(self, idx) -> str:
+    idx = operator.index(idx)
+    if not -len(self) <= idx < len(self): raise IndexError(f"index {idx} is out of range")
+    return str(idx + len(self) if idx < 0 else idx)
+
+  def __getitem__(self, idx):
+    if isinstance(idx, slice):
+      out = self.__class__()
+      for i in range(*idx.indices(len(self))): out.append(self[i])
+      return out
+    return getattr(self, self._get_abs_string_index(idx))
+
+  def __setitem__(self, idx: int, param) -> None:
+    idx = self._get_abs_string_index(idx)
+    if isinstance(param, Tensor) and not isinstance(param, Parameter): param = Parameter(param)
+    setattr(self, idx, param)
+
+  def __len__(self) -> int: return self._size
+  def __iter__(self): return iter(self[i] for i in range(len(self)))
+  def __iadd__(self, parameters) -> ParameterList: return self.extend(parameters)
+  def __dir__(self): return [k for k in super().__dir__() if not k.isdigit()]
+
+  def append(self, value) -> ParameterList:
+    new_idx = len(self)
+    self._size += 1
+    self[new_idx] = value
+    return self
+
+  def extend(self, values) -> ParameterList:
+    if not isinstance(values, abc.Iterable) or isinstance(values, Tensor):
+      raise TypeError("ParameterList.extend should be called with an iterable, but got " + type(values).__name__)
+    for v in values: self.append(v)
+    return self
+
+  def extra_repr(self) -> str: return "\n".join(_param_line(k, p) for k, p in enumerate(self))
+  def __call__(self, *args, **kwargs): raise RuntimeError("ParameterList should not be called.")
+
+
+class ParameterDict(Module):
+  """Parameters by string key, held as attributes of those names (state_dict keys are the keys); torch's dict
+  operations. A plain dict given to the constructor or update() is taken in sorted key order, as torch's."""
+  def __init__(self, parameters=None):
+    super().__init__()
+    self._keys: dict = {}
+    if parameters is not None: self.update(parameters)
+
+  def _key_to_attr(self, key) -> str:
+    if not isinstance(key, str):
+      raise TypeError(f"Index given to ParameterDict cannot be used as a key as it is not a string (type is "
+                      f"'{type(key).__name__}'). Open an issue on github if you need non-string keys.")
+    return key
+
+  def __getitem__(self, key: str): return getattr(self, self._key_to_attr(key))
+
+  def __setitem__(self, key: str, value) -> None:
+    self._keys[key] = None
+    attr = self._key_to_attr(key)
+    if isinstance(value, Tensor) and not isinstance(value, Parameter): value = Parameter(value)
+    setattr(self, attr, value)
+
+  def __delitem__(self, key: str) -> None:
+    del self._keys[key]
+    delattr(self, self._key_to_attr(key))
+
+  def __len__(self) -> int: return len(self._keys)
+  def __iter__(self): return iter(self._keys)
+  def __reversed__(self): return reversed(self._keys)
+  def __contains__(self, key) -> bool: return key in self._keys
+  def copy(self) -> ParameterDict: return ParameterDict(OrderedDict((k, self[k]) for k in self._keys))
+
+  def setdefault(self, key: str, default=None):
+    if key not in self: self[key] = default
+    return self[key]
+
+  def clear(self) -> None:
+    for k in self._keys.copy(): del self[k]
+
+  def pop(self, key: str):
+    v = self[key]
+    del self[key]
+    return v
+
+  def popitem(self) -> tuple:
+    k, _ = self._keys.popitem()
+    self._keys[k] = None    # (so __delitem__ finds it)
+    v = self[k]
+    del self[k]
+    return k, v
+
+  def get(self, key: str, default=None): return self[key] if key in self else default
+  def fromkeys(self, keys, default=None) -> ParameterDict: return ParameterDict((k, default) for k in keys)
+  def keys(self): return self._keys.keys()
+  def items(self): return ((k, self[k]) for k in self._keys)
+  def values(self): return (self[k] for k in self._keys)
+
+  def update(self, parameters) -> None:
+    if not isinstance(parameters, abc.Iterable):
+      raise TypeError("ParametersDict.update should be called with an iterable of key/value pairs, but got "
+                      + type(parameters).__name__)
+    if isinstance(parameters, (OrderedDict, ParameterDict)):
+      for key, p in parameters.items(): self[key] = p
+    elif isinstance(parameters, abc.Mapping):
+      for key, p in sorted(parameters.items()): self[key] = p
+    else:
+      for j, p in enumerate(parameters):
+        if not isinstance(p, abc.Iterable):
+          raise TypeError("ParameterDict update sequence element #" + str(j) + " should be Iterable; is"
+                          + type(p).__name__)
+        if not len(p) == 2:
+          raise ValueError("ParameterDict update sequence element #" + str(j) + " has length " + str(len(p))
+                           + "; 2 is required")
+        self[p[0]] = p[1]
+
+  def extra_repr(self) -> str: return "\n".join(_param_line(k, p) for k, p in self.items())
+  def __call__(self, input): raise RuntimeError("ParameterDict should not be called.")
+
+  def __or__(self, other: ParameterDict) -> ParameterDict:
+    out = self.copy()
+    out.update(other)
+    return out
+
+  def __ror__(self, other: ParameterDict) -> ParameterDict:
+    out = other.copy()
+    out.update(self)
+    return out
+
+  def __ior__(self, other: ParameterDict) -> ParameterDict:
+    self.update(other)
+    return self

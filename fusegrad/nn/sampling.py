@@ -1,5 +1,5 @@
 """nn.functional's resampling and rearranging ops: interpolate/upsample, grid_sample, affine_grid, unfold/fold,
-pixel_shuffle/unshuffle, embedding_bag.
+pixel_shuffle/unshuffle, channel_shuffle, embedding_bag; and the modules over them (Upsample, Fold, PixelShuffle, ...).
 
 Static sampling positions (interpolate) become constants built on the host: nearest picks rows with one
 index_select, linear and cubic modes multiply by a small [out, in] weight matrix per spatial dim (a matmul, whose
@@ -15,7 +15,7 @@ from fusegrad import dtype as dt
 from fusegrad.tensor import Tensor, where, _unfold
 
 __all__ = ["interpolate", "upsample", "upsample_nearest", "upsample_bilinear", "grid_sample", "affine_grid", "unfold",
-           "fold", "pixel_shuffle", "pixel_unshuffle", "embedding_bag"]
+           "fold", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "embedding_bag"]
 
 _MODE_DIMS = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}
 
@@ -243,7 +243,8 @@ def _pair(v, name: str) -> tuple:
 def unfold(input: Tensor, kernel_size, dilation=1, padding=0, stride=1) -> Tensor:
   """im2col: [N, C, H, W] -> [N, C * kh * kw, L] (a window view, then one copy)."""
   if input.ndim not in (3, 4):
-    raise NotImplementedError(f"Input Error: Only 3D or 4D input Tensors are supported (got {input.ndim}D)")
+    raise RuntimeError(f"Expected 3D or 4D (batch mode) tensor with possibly 0 batch size and other non-zero "
+                       f"dimensions for input, but got: {list(input.shape)}")
   x = input.unsqueeze(0) if input.ndim == 3 else input
   ks, dl, pd, st = _pair(kernel_size, "kernel_size"), _pair(dilation, "dilation"), _pair(padding, "padding"), \
       _pair(stride, "stride")
@@ -325,13 +326,28 @@ def pixel_unshuffle(input: Tensor, downscale_factor: int) -> Tensor:
                        f"dimension(s)")
   if r <= 0: raise RuntimeError(f"pixel_unshuffle expects a positive downscale_factor, but got {r}")
   *lead, C, H, W = input.shape
-  if H % r or W % r:
-    raise RuntimeError(f"pixel_unshuffle expects height and width to be divisible by downscale_factor, but input.size(-2)"
-                       f"={H} and input.size(-1)={W} are not divisible by {r}")
+  if H % r:
+    raise RuntimeError(f"pixel_unshuffle expects height to be divisible by downscale_factor, but input.size(-2)={H} is "
+                       f"not divisible by {r}")
+  if W % r:
+    raise RuntimeError(f"pixel_unshuffle expects width to be divisible by downscale_factor, but input.size(-1)={W} is "
+                       f"not divisible by {r}")
   n = len(lead)
   x = input.reshape(*lead, C, H // r, r, W // r, r)
   x = x.permute(*range(n), n, n + 2, n + 4, n + 1, n + 3)
   return x.reshape(*lead, C * r * r, H // r, W // r)
+
+
+def channel_shuffle(input: Tensor, groups: int) -> Tensor:
+  """[N, g * k, *] -> [N, k * g, *]: channel i * k + j moves to j * g + i (a reshape, a transpose, a reshape)."""
+  if input.ndim <= 2:
+    raise RuntimeError(f"channel_shuffle expects input with > 2 dims, but got input with sizes {list(input.shape)}")
+  if groups <= 0:
+    raise RuntimeError(f"Number of groups to divide channels in must be positive. Value of groups:{groups}")
+  N, C, *sp = input.shape
+  if C % groups:
+    raise RuntimeError(f"Number of channels must be divisible by groups. Got {C} channels and {groups} groups.")
+  return input.reshape(N, groups, C // groups, *sp).transpose(1, 2).reshape(input.shape)
 
 
 # ---- embedding_bag -------------------------------------------------------------------------------------------------
@@ -342,7 +358,7 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets=None, max_norm=None, no
   """Sums, means or maxima of bags of embedding rows: bag membership is a [bags, indices] 0/1 matrix (from the
   offsets, lazily), so sum and mean are one matmul and max one masked reduction."""
   from fusegrad.nn.functional import embedding
-  if mode not in ("sum", "mean", "max"): raise ValueError(f"mode has to be one of sum, mean or max, got {mode!r}")
+  if mode not in ("sum", "mean", "max"): raise ValueError("mode has to be one of sum, mean or max")
   if max_norm is not None: raise NotImplementedError("embedding_bag(max_norm=...) is not supported")
   if per_sample_weights is not None and mode != "sum":
     raise NotImplementedError(f"embedding_bag: per_sample_weights was not None. per_sample_weights is only supported "
@@ -378,3 +394,83 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets=None, max_norm=None, no
     return where(cnt > 0, m, 0)._cast(weight.dtype)
   s = member._cast(weight.dtype) @ rows
   return s if mode == "sum" else (s / cnt.clamp_min(1))._cast(weight.dtype)
+
+
+# ---- modules -------------------------------------------------------------------------------------------------------
+
+from fusegrad.nn.module import Module  # noqa: E402
+from fusegrad.nn import functional as F  # noqa: E402  (the modules call F's traced functions)
+
+
+class PixelShuffle(Module):
+  def __init__(self, upscale_factor: int):
+    super().__init__()
+    self.upscale_factor = upscale_factor
+  def forward(self, input: Tensor) -> Tensor: return F.pixel_shuffle(input, self.upscale_factor)
+  def extra_repr(self) -> str: return f"upscale_factor={self.upscale_factor}"
+
+
+class PixelUnshuffle(Module):
+  def __init__(self, downscale_factor: int):
+    super().__init__()
+    self.downscale_factor = downscale_factor
+  def forward(self, input: Tensor) -> Tensor: return F.pixel_unshuffle(input, self.downscale_factor)
+  def extra_repr(self) -> str: return f"downscale_factor={self.downscale_factor}"
+
+
+class ChannelShuffle(Module):
+  def __init__(self, groups: int):
+    super().__init__()
+    self.groups = groups
+  def forward(self, input: Tensor) -> Tensor: return F.channel_shuffle(input, self.groups)
+  def extra_repr(self) -> str: return f"groups={self.groups}"
+
+
+class Upsample(Module):
+  def __init__(self, size=None, scale_factor=None, mode: str = "nearest", align_corners=None,
+               recompute_scale_factor=None):
+    super().__init__()
+    self.name = type(self).__name__
+    self.size = size
+    if isinstance(scale_factor, tuple): self.scale_factor = tuple(float(f) for f in scale_factor)
+    else: self.scale_factor = float(scale_factor) if scale_factor else None
+    self.mode, self.align_corners, self.recompute_scale_factor = mode, align_corners, recompute_scale_factor
+
+  def forward(self, input: Tensor) -> Tensor:
+    return F.interpolate(input, self.size, self.scale_factor, self.mode, self.align_corners,
+                       recompute_scale_factor=self.recompute_scale_factor)
+
+  def extra_repr(self) -> str:
+    info = f"scale_factor={self.scale_factor!r}" if self.scale_factor is not None else f"size={self.size!r}"
+    return info + f", mode={self.mode!r}"
+
+
+class UpsamplingNearest2d(Upsample):
+  def __init__(self, size=None, scale_factor=None): super().__init__(size, scale_factor, mode="nearest")
+
+
+class UpsamplingBilinear2d(Upsample):
+  def __init__(self, size=None, scale_factor=None):
+    super().__init__(size, scale_factor, mode="bilinear", align_corners=True)
+
+
+class Fold(Module):
+  def __init__(self, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    super().__init__()
+    self.output_size, self.kernel_size = output_size, kernel_size
+    self.dilation, self.padding, self.stride = dilation, padding, stride
+  def forward(self, input: Tensor) -> Tensor:
+    return F.fold(input, self.output_size, self.kernel_size, self.dilation, self.padding, self.stride)
+  def extra_repr(self) -> str:
+    return (f"output_size={self.output_size}, kernel_size={self.kernel_size}, dilation={self.dilation}, "
+            f"padding={self.padding}, stride={self.stride}")
+
+
+class Unfold(Module):
+  def __init__(self, kernel_size, dilation=1, padding=0, stride=1):
+    super().__init__()
+    self.kernel_size, self.dilation, self.padding, self.stride = kernel_size, dilation, padding, stride
+  def forward(self, input: Tensor) -> Tensor:
+    return F.unfold(input, self.kernel_size, self.dilation, self.padding, self.stride)
+  def extra_repr(self) -> str:
+    return f"kernel_size={self.kernel_size}, dilation={self.dilation}, padding={self.padding}, stride={self.stride}"

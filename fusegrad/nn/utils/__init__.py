@@ -1,5 +1,6 @@
-"""fusegrad.nn.utils: gradient clipping (implemented in fusegrad.optim, re-exported under PyTorch's path) and
-parameters_to_vector / vector_to_parameters."""
+"""fusegrad.nn.utils: gradient clipping (implemented in fusegrad.optim, re-exported under PyTorch's path),
+parameters_to_vector / vector_to_parameters, weight_norm / spectral_norm (hook forms) and the parametrize and
+parametrizations modules."""
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
@@ -39,3 +40,8 @@ def vector_to_parameters(vec, parameters) -> None:
     n = p.numel()
     p.data = vec[pointer:pointer + n].reshape(p.shape).data
     pointer += n
+
+
+from fusegrad.nn.utils import parametrize, parametrizations  # noqa: E402,F401
+from fusegrad.nn.utils.weight_norm import weight_norm, remove_weight_norm  # noqa: E402,F401
+from fusegrad.nn.utils.spectral_norm import spectral_norm, remove_spectral_norm  # noqa: E402,F401
