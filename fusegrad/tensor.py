@@ -1003,9 +1003,10 @@ class Tensor:
   # ---- movement (views) ----
   def reshape(self, *shape) -> "Tensor":
     return self._reshape(_shape_arg(shape), False)
-  def view(self, *shape) -> "Tensor":
+  def view(self, *shape, dtype=None) -> "Tensor":
     """torch's view: a view of self with the new shape (an error where self's layout cannot give one without a
     copy, as torch's), or with `view(dtype)` self's bits read as another dtype."""
+    if dtype is not None and not shape: shape = (dtype,)
     if len(shape) == 1 and not isinstance(shape[0], (tuple, list, int, np.integer)):
       from fusegrad.ops_math import view_dtype
       return view_dtype(self, shape[0])
@@ -1181,6 +1182,20 @@ class Tensor:
     if isinstance(index, Tensor) and index.dtype.is_bool:   # x[mask] = scalar
       v = value.reshape(()) if isinstance(value, Tensor) else value
       self._assign(where(index._broadcast_to(broadcast_shapes(index.shape, self.shape)), v, self)._cast(self.dtype))
+      return
+    if builtins.any(isinstance(i, (Tensor, list, np.ndarray)) for i in idx):
+      # advanced indices among ints and slices (x[idx, 1] = v, x[[0, 1], [1, 2]] += 1): the flat positions the same
+      # index reads from an iota of self's shape (getitem's rules place the dims), then index_put into the flat value
+      from fusegrad.indexing import index_put
+      pos = _getitem(arange(self.numel(), device=self.device).reshape(self.shape), index)
+      val = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
+      try: fits = broadcast_shapes(val.shape, pos.shape) == pos.shape
+      except RuntimeError: fits = False
+      if not fits:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(val.shape)} cannot be broadcast to indexing "
+                           f"result of shape {list(pos.shape)}")
+      val = val.to(self.device)._cast(self.dtype)._broadcast_to(pos.shape).reshape(-1)
+      self._assign(index_put(self.reshape(-1), (pos.reshape(-1),), val).reshape(self.shape))
       return
     region = _getitem(self, index, basic_only=True, return_region=True)
     shape_in, place = region

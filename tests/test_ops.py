@@ -1282,6 +1282,39 @@ def test_setitem_integer_and_mask_tensors(device, rng):
   check(x, tx)
 
 
+MIXED_INDEX = [lambda i: (i, 1), lambda i: (i, slice(None), 2), lambda i: (slice(None), i), lambda i: (0, i),
+               lambda i: ([0, 1], [1, 2]), lambda i: (i, None, i % 3), lambda i: (Ellipsis, i % 3),
+               lambda i: (i, slice(1, 4, 2)), lambda i: (slice(1, None), i, [0, 2, 1])]
+
+
+@pytest.mark.parametrize("case", range(len(MIXED_INDEX)))
+def test_setitem_advanced_indices_among_ints_and_slices(device, rng, case):
+  """x[idx, 1] = v, x[[0, 1], [1, 2]] += 1, x[:, idx] = ...: torch's positions (getitem's placement of the
+  advanced dims), repeated positions keep the last value, autograd through the write, torch's shape error."""
+  c = MIXED_INDEX[case]
+  a = rng.standard_normal((4, 5, 3)).astype(np.float32)
+  ii = rng.integers(0, 3, 3)
+  ii[2] = ii[0]
+  for op in ("set", "iadd"):
+    x, t = fg.tensor(a, device=device, requires_grad=True), torch.tensor(a, requires_grad=True)
+    y, ty = x * 2, t * 2
+    ix, it = fg.tensor(ii, device=device), torch.tensor(ii)
+    if op == "set":
+      v = rng.standard_normal(tuple(ty[c(it)].shape)).astype(np.float32)
+      y[c(ix)] = fg.tensor(v, device=device); ty[c(it)] = torch.tensor(v)
+    else:
+      y[c(ix)] += 1.5; ty[c(it)] += 1.5
+    check(y, ty.detach())
+    w = rng.standard_normal(a.shape).astype(np.float32)
+    (y * fg.tensor(w, device=device)).sum().backward(); (ty * torch.tensor(w)).sum().backward()
+    check(x.grad, t.grad)
+  x, t = fg.zeros(4, 5, 3, device=device), torch.zeros(4, 5, 3)
+  bad = (9,) * (len(t[c(it)].shape) + 1)
+  with pytest.raises(RuntimeError) as theirs: t[c(it)] = torch.ones(*bad)
+  with pytest.raises(RuntimeError, match="shape mismatch") as ours: x[c(ix)] = fg.ones(*bad)
+  assert str(ours.value) == str(theirs.value)
+
+
 def test_index_put_repeated_position_gradients(rng):
   """A position named twice keeps the last value; PyTorch's derivative still gives every value the gradient at its
   target (also the overwritten one), and the input none there (a CI run once drew such indices at random)."""
