@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import math
 import threading
+import weakref
 from fusegrad import config, dtype as dt
 from fusegrad.engine import jit as _jit
 from fusegrad.graph import template
@@ -742,7 +743,6 @@ class RemovableHandle:
   _ids = itertools.count()
 
   def __init__(self, hooks_dict, *, extra_dict=None):
-    import weakref
     self.hooks_dict_ref = weakref.ref(hooks_dict)
     self.id = next(RemovableHandle._ids)
     extra = () if extra_dict is None else (extra_dict,) if isinstance(extra_dict, dict) else tuple(extra_dict)
@@ -769,13 +769,11 @@ class _Group:
   __slots__ = ("members", "fn")
 
   def __init__(self, members, fn):
-    import weakref
     self.members, self.fn = tuple(weakref.ref(t) for t in members), fn
 
 
 def _entry(table: dict, t, make: bool):
   """t's value in table (None if it has none and not make); a dead tensor's entry is dropped by its weakref."""
-  import weakref
   e = table.get(id(t))
   if e is not None and e[0]() is t: return e[1]
   if not make: return None
@@ -815,7 +813,6 @@ def retain_grad(t) -> None:
   torch's); a hook that stores it (so such a backward runs its rules, as any hooked one)."""
   if not t.requires_grad: raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
   if t._ctx is None or retains_grad(t): return
-  import weakref
   w = weakref.ref(t, lambda _r, k=id(t): _retained.pop(k, None))
 
   def retain(g):

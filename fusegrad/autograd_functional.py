@@ -52,14 +52,7 @@ def vjp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
   ins, single = _tuple(inputs, "inputs", "vjp")
   ins = _prep(ins, create_graph)
   outs, out_single = _call(func, ins, "vjp")
-  if v is None:
-    if len(outs) != 1 or outs[0].numel() != 1:
-      raise RuntimeError("The vector v can only be None if the user-provided function returns a single Tensor with "
-                         "a single element.")
-    from fusegrad.tensor import ones_like
-    vs = (ones_like(outs[0]),)
-  else: vs, _ = _tuple(v, "v", "vjp")
-  _check_shapes(vs, outs, "v", "outputs of the user-provided function")
+  vs = _vectors(v, outs, "vjp")
   return _out(outs, out_single, create_graph), _out(_grads(outs, ins, vs, create_graph), single, create_graph)
 
 
@@ -68,14 +61,7 @@ def jvp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
   from fusegrad.tensor import zeros_like
   ins, single = _tuple(inputs, "inputs", "jvp")
   ins = _prep(ins, True)
-  if v is None:
-    if len(ins) != 1 or ins[0].numel() != 1:
-      raise RuntimeError("The vector v can only be None if the input to the user-provided function is a single "
-                         "Tensor with a single element.")
-    from fusegrad.tensor import ones_like
-    vs = (ones_like(ins[0]),)
-  else: vs, _ = _tuple(v, "v", "jvp")
-  _check_shapes(vs, ins, "v", "inputs")
+  vs = _vectors(v, ins, "jvp")
   outs, out_single = _call(func, ins, "jvp")
   us = tuple(zeros_like(o).requires_grad_() for o in outs)
   with autograd.enable_grad(): gs = _grads(outs, ins, us, True)
@@ -88,13 +74,23 @@ def jvp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
   return _out(outs, out_single, create_graph), _out(jv, out_single, create_graph)
 
 
-def _check_shapes(vs: tuple, ts: tuple, a: str, b: str) -> None:
+def _vectors(v, ts: tuple, fn: str) -> tuple:
+  """v as a tuple matching ts (the function's outputs for vjp, its inputs for jvp/vhp), checked as torch checks it;
+  None only where ts is one tensor of one element (then ones)."""
+  if v is None:
+    if len(ts) != 1 or ts[0].numel() != 1:
+      what = "user-provided function returns" if fn == "vjp" else "input to the user-provided function is"
+      raise RuntimeError(f"The vector v can only be None if the {what} a single Tensor with a single element.")
+    from fusegrad.tensor import ones_like
+    return (ones_like(ts[0]),)
+  vs, _ = _tuple(v, "v", fn)
   if len(vs) != len(ts):
-    raise RuntimeError(f"{a} is a tuple of invalid length: should be {len(ts)} but got {len(vs)}.")
+    raise RuntimeError(f"v is a tuple of invalid length: should be {len(ts)} but got {len(vs)}.")
   for i, (v, t) in enumerate(zip(vs, ts)):
     if tuple(v.shape) != tuple(t.shape):
       where = f" at index {i}" if len(ts) > 1 else ""
-      raise RuntimeError(f"{a} has invalid size{where}: should be {list(t.shape)} but got {list(v.shape)}.")
+      raise RuntimeError(f"v has invalid size{where}: should be {list(t.shape)} but got {list(v.shape)}.")
+  return vs
 
 
 def jacobian(func, inputs, create_graph: bool = False, strict: bool = False, vectorize: bool = False,
@@ -148,18 +144,10 @@ def vhp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
   outs, _ = _call(func, ins, "vhp")
   if len(outs) != 1 or outs[0].numel() != 1:
     raise RuntimeError("The function given to vhp should return a single Tensor with a single element.")
-  if v is None:
-    if len(ins) != 1 or ins[0].numel() != 1:
-      raise RuntimeError("The vector v can only be None if the input to the user-provided function is a single "
-                         "Tensor with a single element.")
-    from fusegrad.tensor import ones_like
-    vs = (ones_like(ins[0]),)
-  else: vs, _ = _tuple(v, "v", "vhp")
-  _check_shapes(vs, ins, "v", "inputs")
+  vs = _vectors(v, ins, "vhp")
   with autograd.enable_grad(): gs = _grads(outs, ins, (None,), True)
   keep = [(g, v) for g, v in zip(gs, vs) if g.requires_grad]
-  res = _grads([g for g, _ in keep], ins, [v for _, v in keep], create_graph) if keep else \
-    tuple(i.detach() * 0 for i in ins)
+  res = _grads([g for g, _ in keep], ins, [v for _, v in keep], create_graph)   # (none kept: zeros)
   return _out(outs, True, create_graph), _out(res, single, create_graph)
 
 

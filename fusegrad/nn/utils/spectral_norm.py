@@ -8,6 +8,7 @@ from fusegrad.tensor import Tensor
 from fusegrad.nn import functional as F
 from fusegrad.nn.module import Module, Parameter
 from fusegrad.engine.realize import later as realize_later
+from fusegrad.nn.utils.weight_norm import _remove_hook
 
 __all__ = ["SpectralNorm", "spectral_norm", "remove_spectral_norm"]
 
@@ -84,9 +85,4 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
 
 
 def remove_spectral_norm(module: Module, name: str = "weight") -> Module:
-  for k, hook in module._forward_pre_hooks.items():
-    if isinstance(hook, SpectralNorm) and hook.name == name:
-      hook.remove(module)
-      del module._forward_pre_hooks[k]
-      return module
-  raise ValueError(f"spectral_norm of '{name}' not found in {module}")
+  return _remove_hook(module, SpectralNorm, name, "spectral_norm")

@@ -49,9 +49,14 @@ def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Mo
 
 
 def remove_weight_norm(module: Module, name: str = "weight") -> Module:
+  return _remove_hook(module, WeightNorm, name, "weight_norm")
+
+
+def _remove_hook(module: Module, cls: type, name: str, what: str) -> Module:
+  """Undo a reparametrization hook of class cls on module's `name` (remove_weight_norm, remove_spectral_norm)."""
   for k, hook in module._forward_pre_hooks.items():
-    if isinstance(hook, WeightNorm) and hook.name == name:
+    if isinstance(hook, cls) and hook.name == name:
       hook.remove(module)
       del module._forward_pre_hooks[k]
       return module
-  raise ValueError(f"weight_norm of '{name}' not found in {module}")
+  raise ValueError(f"{what} of '{name}' not found in {module}")
