@@ -122,8 +122,13 @@ def measure(steps: dict, n: int, rounds: int = 4) -> tuple[dict, dict]:
   best = {k: 0.0 for k in steps}
   losses = {}
   done = 3
-  for _ in range(rounds):
-    for key, step in steps.items():
+  order = list(steps)
+  for r in range(rounds):
+    # each round starts with another contender: the one after torch's round pays for torch's OpenMP threads, which
+    # spin on both cores for a while after their last parallel region (the jit measured 1.06x torch following it
+    # every round, 1.25x otherwise: the MLP on a 2-vCPU Zen 4)
+    for key in order[r % len(order):] + order[:r % len(order)]:
+      step = steps[key]
       t0 = time.perf_counter()
       for i in range(per): losses[key] = step(done + i)
       best[key] = max(best[key], per / (time.perf_counter() - t0))
