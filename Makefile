@@ -20,7 +20,7 @@ EXTRAS   ?= opencl,test
 N        ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-base test test-ops demo bench gpu-test gpu-bench clean
+.PHONY: venv venv-base test test-fast test-ops demo bench gpu-test gpu-bench clean
 
 venv: $(TEST_STAMP)
 venv-base: $(BASE_STAMP)
@@ -39,6 +39,10 @@ $(TEST_STAMP): pyproject.toml | $(PY)
 # everything but the operator matrix's extra variants (each op family's fast cases run): under 10 minutes on 2 cores
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) -m "not ops_full" tests
+
+# the unit tier alone (graph, views, lowering, actions, renderers; mostly on the numpy interpreter): under a minute
+test-fast: $(TEST_STAMP)
+	$(PY) -m pytest -q -n $(N) $(PYTEST_ARGS) tests/unit
 
 # what `make test` leaves out: the operator matrix's variants (tests/ops, every shape and dtype) and the operator
 # tests' OPENCL rows (tests/test_ops.py, tests/test_autograd.py; see tests/conftest.py); CI runs it after `make test`

@@ -2,6 +2,7 @@
 from __future__ import annotations
 import numpy as np
 import fusegrad as fg
+from fusegrad.graph import dims
 from fusegrad.runtime import device as rd
 from fusegrad.schedule.schedule import create_schedule
 
@@ -14,14 +15,15 @@ def one_kernel(out: fg.Tensor):
 
 
 def run(item, opts, device: str = "PYTHON") -> np.ndarray:
-  """The kernel of item run with the given actions on device; its first output as numpy."""
+  """The kernel of item run with the given actions on device; its first output as numpy (at its logical shape: an
+  output with a runtime size, graph/dims.BoundDim, is stored at its bound and read back through from_storage)."""
   dev = rd.get(device)
   c = dev.compile_with(item.kernel, opts)
-  outs = [rd.Buffer(dev, o.numel, o.dtype) for o in item.outputs]
+  outs = [rd.Buffer(dev, dims.storage_numel(o.shape), o.dtype) for o in item.outputs]
   handles = [b.handle for b in outs] + [i.buffer.handle for i in item.inputs]
   if item.kernel.params: handles += dev.param_handles(item.kernel, item.param_values())
   dev.launch(c.program, c.kernel, handles)
-  return outs[0].numpy().reshape(item.outputs[0].shape)
+  return dims.from_storage(outs[0].numpy(), item.outputs[0].shape)
 
 
 def make(name: str, rng: np.random.Generator, device: str = "PYTHON") -> fg.Tensor:

@@ -1,6 +1,7 @@
 """graph/view.View: movement ops against numpy, element by element (no compiler, no device)."""
 from __future__ import annotations
 import itertools
+import random
 import numpy as np
 import pytest
 from fusegrad.graph.view import View
@@ -108,3 +109,106 @@ def test_views_over_computed_maps_index_dim_by_dim(case):
   assert _divisions(item) == [], _divisions(item)
   got = run(item, [])
   np.testing.assert_allclose(got, want.reshape(got.shape), rtol=1e-6, atol=1e-6)
+
+
+def read(v: View, base: np.ndarray) -> np.ndarray:
+  """evaluate() without the Python loop: every index at once."""
+  idx = np.indices(v.shape)
+  flat = v.offset + sum((i * st for i, st in zip(idx, v.strides)), np.zeros(v.shape, dtype=np.int64))
+  ok = np.ones(v.shape, dtype=bool)
+  for i, (lo, hi) in zip(idx, v.mask or ()): ok &= (i >= lo) & (i < hi)
+  out = np.zeros(v.shape, dtype=base.dtype)
+  out[ok] = base[flat[ok]]
+  return out
+
+
+def _movement(r, v: View, ref: np.ndarray):
+  """One random movement op applied to the view and to numpy's array of the same values: (op, view, array); the
+  view is None where reshape answers that strides cannot express it."""
+  nd = len(v.shape)
+  op = r.choice(["permute", "expand", "pad", "shrink", "flip", "stride", "reshape"])
+  if op == "permute":
+    order = list(range(nd))
+    r.shuffle(order)
+    return op, v.permute(tuple(order)), ref.transpose(order)
+  if op == "expand":
+    shape = tuple(r.randint(1, 3) if s == 1 else s for s in v.shape)
+    return op, v.expand(shape), np.broadcast_to(ref, shape)
+  if op == "pad":
+    pads = [(r.randint(0, 2), r.randint(0, 2)) for _ in range(nd)]
+    return op, v.pad(pads), np.pad(ref, pads)
+  if op == "shrink":
+    bounds = []
+    for s in v.shape:
+      lo = r.randint(0, s - 1)
+      bounds.append((lo, r.randint(lo + 1, s)))
+    return op, v.shrink(bounds), ref[tuple(slice(lo, hi) for lo, hi in bounds)]
+  if op == "flip":
+    axes = [d for d in range(nd) if r.random() < 0.5]
+    return op, v.flip(axes), np.flip(ref, axes)
+  if op == "stride":
+    steps = [r.randint(1, 3) for _ in range(nd)]
+    return op, v.stride(steps), ref[tuple(slice(None, None, k) for k in steps)]
+  n = int(np.prod(v.shape))
+  d = r.choice([d for d in range(1, n + 1) if n % d == 0])
+  shape = (d, n // d) if r.random() < 0.6 else (n,)
+  return op, v.reshape(shape), ref.reshape(shape)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_movement_chains_match_numpy(seed):
+  """Random chains of permute, expand, pad, shrink, flip, stride and reshape composed into one View read, at every
+  index, what numpy's same chain over the values holds (padding reads 0; the values are 1.. so a 0 is padding
+  only); and the symbolic index of View.index, evaluated at every index, gives the same positions and validity."""
+  from fusegrad.graph import symbolic as sym
+  r = random.Random(seed)
+  for _ in range(12):
+    shape = tuple(r.randint(1, 4) for _ in range(r.randint(1, 4)))
+    base = np.arange(1, int(np.prod(shape)) + 1, dtype=np.int64)
+    v, ref, ops = View.contiguous(shape), base.reshape(shape), []
+    for _ in range(r.randint(2, 6)):
+      op, nv, nref = _movement(r, v, ref)
+      if nv is None: continue      # (a reshape strides cannot express: the graph nests a second view instead)
+      v, ref = nv, nref
+      ops.append(op)
+      assert v.shape == ref.shape, ops
+      np.testing.assert_array_equal(read(v, base), ref, err_msg=f"{ops} -> {v}")
+    vs = [sym.Var(f"i{d}", 0, s - 1) for d, s in enumerate(v.shape)]
+    flat, valid = v.index([sym.lin(x) for x in vs])
+    idx = np.indices(v.shape)
+    env = dict(zip(vs, idx))
+    ok = np.broadcast_to(sym.evaluate_cond(valid, env), v.shape)
+    np.testing.assert_array_equal(ok, ref != 0, err_msg=f"{ops} -> {v}")
+    pos = np.broadcast_to(sym.evaluate(flat, env), v.shape)
+    np.testing.assert_array_equal(base[pos[ok]], ref[ok], err_msg=f"{ops} -> {v}")
+
+
+def test_inverse_movements_give_the_view_back():
+  """A permute and its inverse, a flip twice, a zero pad, a full shrink, a stride of 1 and an expand to the same
+  shape are the same View (equal records: the scheduler keys by them)."""
+  v = View.contiguous((2, 3, 4)).pad([(1, 0), (0, 2), (0, 0)]).shrink([(0, 3), (1, 5), (1, 4)])
+  order = (2, 0, 1)
+  assert v.permute(order).permute(tuple(np.argsort(order).tolist())) == v
+  assert v.flip([0, 2]).flip([0, 2]) == v and v.flip([0, 2]) != v
+  assert v.pad([(0, 0)] * 3) == v and v.shrink([(0, s) for s in v.shape]) == v
+  assert v.stride([1, 1, 1]) == v and v.expand(v.shape) == v
+
+
+def test_canonical_records():
+  """Size-1 dims have stride 0, a mask covering the whole shape is no mask, a pad then a shrink to inside the
+  padding is an all-invalid mask (it reads nothing), and only a plain row-major view of offset 0 is contiguous;
+  reshape keeps a contiguous view contiguous and answers None where strides cannot express the new shape."""
+  from fusegrad.graph.view import contiguous_strides
+  assert contiguous_strides((2, 1, 3)) == (3, 0, 1) and contiguous_strides(()) == ()
+  v = View.contiguous((2, 3))
+  assert v.is_contiguous and v.strides == (3, 1)
+  assert not v.permute((1, 0)).is_contiguous and not v.shrink([(1, 2), (0, 3)]).is_contiguous
+  assert v.pad([(1, 0), (0, 0)]).shrink([(1, 3), (0, 3)]) == v          # the padding cut off again: no mask left
+  empty = View.contiguous((4,)).pad([(3, 0)]).shrink([(0, 2)])
+  assert empty.mask == ((0, 0),) and (read(empty, np.arange(1, 5)) == 0).all()
+  assert v.reshape((3, 2)) == View.contiguous((3, 2)) and v.reshape((6,)).is_contiguous
+  assert v.permute((1, 0)).reshape((6,)) is None
+  t = View.contiguous((2, 3, 4)).permute((2, 0, 1))   # the last dim moved first: the other two still merge
+  assert t.reshape((4, 6)) is not None and t.reshape((8, 3)) is None and t.reshape((2, 12)) is None
+  base = np.arange(1, 25)
+  np.testing.assert_array_equal(read(t.reshape((4, 6)), base), base.reshape(2, 3, 4).transpose(2, 0, 1).reshape(4, 6))
