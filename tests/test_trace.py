@@ -95,7 +95,11 @@ def test_deviation_gives_eager_results(traced, rng):
     loss = h.square().mean()
     return [_train(opt, loss), m[0].weight.grad.numpy().copy()]
   off, on, d = _run_both(traced, _mlp(fg.optim.SGD, lr=0.05, momentum=0.5), 10, body)
-  _assert_same(off, on)
+  # the losses and the parameters bitwise; a gradient read after a replayed step is its value where the trace's
+  # buffers still hold it, else made again from its recipe alone (`trace.materialize`): float reassociation, as for
+  # the activations of test_results_kept_after_a_replayed_step (on a Zen 4 its kernels sum in another order)
+  _assert_same([r[:1] for r in off[:-1]] + off[-1:], [r[:1] for r in on[:-1]] + on[-1:])
+  for x, y in zip(off[:-1], on[:-1]): np.testing.assert_allclose(x[1], y[1], rtol=1e-5, atol=1e-7)
   assert d["deviations"] >= 2 and d["replays"] >= 1, d
 
 

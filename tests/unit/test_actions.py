@@ -490,6 +490,31 @@ def test_heuristic_cuts_a_concatenated_row_into_pieces(rng):
   np.testing.assert_array_equal(run(item, tuple(opts)), np.concatenate([q, v], -1) * 2)
 
 
+@pytest.mark.parametrize("case", ["pad", "crop", "rows"])
+def test_elementwise_rows_take_several_vectors_per_work_item(case, rng):
+  """An elementwise kernel whose work item would be one vector of a row (outer axes beside the vectors' axis: a padded
+  copy, a crop, a row broadcast) computes several of the row's vectors per item (heuristic._row_vectors: the most up
+  to ROW_VECTORS that divide them), so its flat index is divided back into the axes once per item; a flat one (a
+  contiguous map) keeps one vector per item. Values against numpy on the interpreter and the CPU."""
+  x = rng.standard_normal((4, 8, 40, 70)).astype(np.float32)
+  if case == "pad":   # rows of 62 padded to 4 vectors of 16 (the last one masked)
+    out, want = fg.nn.functional.pad(fg.Tensor(x[..., :60]), (1, 1, 2, 1)), np.pad(x[..., :60], ((0, 0), (0, 0), (2, 1), (1, 1)))
+    upcasts = [(64, 16), (4, 4)]
+  elif case == "crop":   # rows of 64 read from rows of 70
+    out, want, upcasts = fg.Tensor(x)[:, :, 1:39, 3:67].contiguous(), x[:, :, 1:39, 3:67], [(64, 16), (4, 4)]
+  else:   # [64, 144] * [144]: 9 vectors a row, 3 per item
+    w = rng.standard_normal(144).astype(np.float32)
+    out, want = fg.Tensor(x.reshape(-1)[:64 * 144].reshape(64, 144)) * fg.Tensor(w), x.reshape(-1)[:64 * 144].reshape(64, 144) * w
+    upcasts = [(144, 16), (9, 3)]
+  item = one_kernel(out)
+  caps = _avx512(rd.get("PYTHON").caps)
+  opts = heuristic.hand_coded(item.kernel, caps)
+  assert _upcasts(item.kernel, opts, caps) == upcasts, opts
+  for dev in ("PYTHON", "CPU"): np.testing.assert_array_equal(run(item, tuple(opts), dev), want)
+  flat = one_kernel(fg.Tensor(x) * 2 + 1)   # one axis: no division to save
+  assert [o.op for o in heuristic.hand_coded(flat.kernel, caps)].count(OptOp.UPCAST) == 1
+
+
 def test_pieces_fold_a_concatenation_of_gate_gradients(rng):
   """An LSTM's four gate gradients concatenated into [20, 800] (each part its own function with an exp or tanh,
   guarded by `200 <= o < 400`): PIECES of 200 and vectors of 8 in each piece; each copy computes only its part's
