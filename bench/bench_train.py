@@ -124,9 +124,8 @@ def measure(steps: dict, n: int, rounds: int = 4) -> tuple[dict, dict]:
   done = 3
   order = list(steps)
   for r in range(rounds):
-    # each round starts with another contender: the one after torch's round pays for torch's OpenMP threads, which
-    # spin on both cores for a while after their last parallel region (the jit measured 1.06x torch following it
-    # every round, 1.25x otherwise: the MLP on a 2-vCPU Zen 4)
+    # each round starts with another contender: the one right after torch's round measured slower there (the MLP's
+    # jit 1.01-1.06x torch following it every round, 1.35x otherwise, on a 2-vCPU Zen 4)
     for key in order[r % len(order):] + order[:r % len(order)]:
       step = steps[key]
       t0 = time.perf_counter()
