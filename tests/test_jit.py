@@ -451,15 +451,7 @@ def test_module_settings_and_frozen_parameters_are_followed(rng):
   fg.manual_seed(0)
   model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.0), nn.Linear(8, 3))
   opt = fg.optim.SGD(model.parameters(), lr=0.1)
-
-  @fg.jit
-  def step(x, y):
-    loss = F.cross_entropy(model(x), y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return loss
-
+  step = fg.jit(_train_step(model, opt))
   data = [(fg.tensor(rng.standard_normal((16, 6)).astype(np.float32)), fg.tensor(rng.integers(0, 3, 16)))
           for _ in range(8)]
   for x, y in data[:4]: step(x, y)

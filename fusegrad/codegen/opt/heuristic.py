@@ -425,7 +425,7 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
         n = max((d for d in range(n, t[1] + 1, n) if t[0].size % d == 0 and k.groups // d >= TRANSPOSE_MIN_ITEMS),
                 default=n)
         if n > 1: do(OptOp.LOOP, t[0].var, n)
-      else: _row_vectors(k, caps, do)
+      else: _row_vectors(k, do)
     else:
       # no vector values (a transcendental function, a gather, a copy into windows): the innermost axes as loops in
       # each work item, nested, until they hold INNER_LOOP_MIN indices (a plain stride-1 loop the C compiler
@@ -737,7 +737,7 @@ def _conditions(k: Kernel) -> list:
   return out
 
 
-def _row_vectors(k: Kernel, caps: Caps, do) -> None:
+def _row_vectors(k: Kernel, do) -> None:
   """An elementwise kernel in vectors whose work item is one vector of a row (its innermost axis in several vectors,
   with outer axes beside it) computes up to ROW_VECTORS of the row's vectors (UPCAST of the vectors' axis, the most
   that divide them): each item divides its flat index back into the axes (64-bit divisions, tens of cycles each) once
