@@ -280,3 +280,38 @@ def test_tables_are_overridden_entry_by_entry(rng):
   src, k = _render(MyC(), item)
   assert _signature(src, k) == f"void {k.name}(int32_t* restrict b0, const int32_t* restrict b1, long long start, " \
                                "long long end) {"
+
+
+def test_op_tables_are_overridden_entry_by_entry(rng):
+  """Arithmetic is spelled from two tables keyed by the op's name (code_for_op for scalars, vec_code_for_op for
+  vectors): a subclass that replaces the scalar MAX and the vector MUL changes only those spellings, the other ops
+  of the same kernel keep the base renderer's, and the base class's tables are not touched."""
+  def my_max(r, a, sd, d): return f"my_max({a[0]},{a[1]})"
+  class MyC(CRenderer):
+    code_for_op = {**CRenderer.code_for_op, "MAX": my_max}
+    vec_code_for_op = {**CRenderer.vec_code_for_op, "MUL": lambda r, a, sd, d: f"my_vmul({a[0]},{a[1]})"}
+  x, y = _t(rng, 8, 16), _t(rng, 8, 16)
+  item = one_kernel(x.maximum(y) - y)
+  body = _body(*_render(MyC(), item))
+  assert "my_max(" in body and re.search(r"\(v\d+-v\d+\)", body), body
+  base = _body(*_render(CRenderer(), item))
+  assert "my_max" not in base and "!=" in base   # the base MAX: NaN-propagating select
+  item = one_kernel(x * y + x)
+  opts = (Opt(OptOp.UPCAST, 0, 8),)   # (one flat axis of 128)
+  body = _body(*_render(MyC(), item, opts))
+  assert "my_vmul(" in body and "fg_float32x8" in body and re.search(r"\(v\d+\+v\d+\)", body), body
+  assert "my_vmul" not in _body(*_render(CRenderer(), item, opts))
+  assert CRenderer.code_for_op["MAX"] is not my_max
+
+
+@pytest.mark.parametrize("renderer", [CRenderer(), OpenCLRenderer()], ids=["c", "opencl"])
+def test_every_elementwise_op_has_a_scalar_spelling(renderer):
+  """Every elementwise op of the graph (graph/ops.ALU, the conversions) has an entry in the scalar table, so no kernel
+  of the frontend's ops meets a missing spelling; an op outside the table is a RenderError naming the renderer and
+  the op, not a KeyError."""
+  from fusegrad.graph import ops
+  from fusegrad.codegen.renderer.base import RenderError
+  assert set(ops.ELEMENTWISE) <= set(renderer.code_for_op), set(ops.ELEMENTWISE) - set(renderer.code_for_op)
+  from fusegrad.codegen.ir import VecDType
+  with pytest.raises(RenderError, match=f"{renderer.name} renderer has no vector spelling for ATAN2"):
+    renderer.alu("ATAN2", VecDType(dt.float32, 4), ["a", "b"], ())

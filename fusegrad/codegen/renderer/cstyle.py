@@ -36,6 +36,84 @@ class _Walk:
   def out(self, line: str) -> None: self.lines.append(self.indent + line)
 
 
+def _infix(o: str):
+  return lambda r, a, sd, d: f"({a[0]}{o}{a[1]})"
+
+
+def _call(name: str):   # a math library function of the operand's precision (or the shared prelude's own)
+  return lambda r, a, sd, d: f"{r.math_fn(name, sd)}({','.join(a)})"
+
+
+def _is_float(r, sd) -> bool: return r.reg_dtype(sd).is_float
+
+
+def _minmax(o: str):   # NaN propagates; `|`, not `||`: one branch-free condition, which a vectorizer makes a select
+  return lambda r, a, sd, d: f"((({a[0]}{o}{a[1]})|({a[0]}!={a[0]}))?{a[0]}:{a[1]})" if _is_float(r, sd) else \
+      f"({a[0]}{o}{a[1]}?{a[0]}:{a[1]})"
+
+
+def _shift(o: str):   # torch's: a count outside [0, bits) gives 0 (or the sign, shifting a negative right)
+  def f(r, a, sd, d):
+    bits = sd.itemsize * 8
+    out = f"(({a[0]})<0?-1:0)" if o == ">>" and sd.is_int and not sd.is_unsigned else "0"
+    return f"(({a[1]})<0||({a[1]})>={bits}?{out}:({r.reg_type(sd)})({a[0]}{o}{a[1]}))"
+  return f
+
+
+_SCALAR_OPS = {
+  **{op: _infix(o) for op, o in (("ADD", "+"), ("SUB", "-"), ("MUL", "*"), ("CMPLT", "<"), ("CMPLE", "<="),
+                                 ("CMPEQ", "=="), ("CMPNE", "!="), ("AND", "&"), ("OR", "|"), ("XOR", "^"))},
+  **{op: _call(op.lower()) for op in ("EXP", "LOG", "SQRT", "SIN", "COS", "TAN", "TANH", "ERF", "ATAN", "FLOOR",
+                                      "CEIL", "RINT", "TRUNC")},
+  "CAST": lambda r, a, sd, d: r.cast(a[0], sd, d),
+  "BITCAST": lambda r, a, sd, d: r.bitcast(a[0], sd, d),
+  "NEG": lambda r, a, sd, d: f"(!{a[0]})" if sd.is_bool else f"(-{a[0]})",
+  "NOT": lambda r, a, sd, d: f"(!{a[0]})" if sd.is_bool else f"(~{a[0]})",
+  "ABS": lambda r, a, sd, d: f"{r.math_fn('fabs', sd)}({a[0]})" if _is_float(r, sd) else f"({a[0]}<0?-{a[0]}:{a[0]})",
+  "RECIP": lambda r, a, sd, d: f"({r.literal(1, sd)}/{a[0]})",
+  "ISNAN": lambda r, a, sd, d: f"({a[0]}!={a[0]})",
+  # integer division and remainder: helpers of the prelude (C's truncation; 0 for a zero divisor, never a trap)
+  "DIV": lambda r, a, sd, d: f"({a[0]}/{a[1]})" if _is_float(r, sd) else f"fg_idiv_{r._tag(sd)}({a[0]},{a[1]})",
+  "MOD": lambda r, a, sd, d: f"{r.math_fn('fmod', sd)}({a[0]},{a[1]})" if _is_float(r, sd) else
+      f"fg_imod_{r._tag(sd)}({a[0]},{a[1]})",
+  "MAX": _minmax(">"), "MIN": _minmax("<"),
+  "POW": _call("pow"), "ATAN2": _call("atan2"),
+  "SHL": _shift("<<"), "SHR": _shift(">>"),
+  "WHERE": lambda r, a, sd, d: f"({a[0]}?{a[1]}:{a[2]})",
+}
+
+
+def _vhelper(op: str):   # the prelude's lane-by-lane helpers (fg_vmax_fg_float32x8 ...)
+  return lambda r, a, sd, d: f"fg_v{op.lower()}_{r.vec_type(d)}({','.join(a)})"
+
+
+def _vwhere(r, a, sd, d):
+  if not isinstance(sd, VecDType): return f"({a[0]}?{a[1]}:{a[2]})"   # one condition for every lane
+  m = f"fg_int32x{d.count}"
+  return f"(({r.vec_type(d)})(({a[0]} & ({m})({a[1]})) | (~{a[0]} & ({m})({a[2]}))))"
+
+
+def _vcast(r, a, sd, d):
+  if not sd.scalar.is_bool: return r.vconvert(a[0], d)   # 32-bit integer lanes
+  return f"(({r.vec_type(d)})({a[0]} & 0x3f800000))"   # a mask's lanes as 1.0f or 0.0f
+
+
+# GCC's vector extensions (clang has them too): arithmetic operators work lane by lane; a bool vector is a lane mask
+# (codegen/passes.VECTOR_CMPS); a shift's count is a constant below 32 (passes.vectorizable)
+_VECTOR_OPS = {
+  **{op: _infix(o) for op, o in (("ADD", "+"), ("SUB", "-"), ("MUL", "*"), ("DIV", "/"), ("CMPLT", "<"),
+                                 ("CMPLE", "<="), ("CMPEQ", "=="), ("CMPNE", "!="), ("XOR", "^"), ("AND", "&"),
+                                 ("OR", "|"), ("SHL", "<<"), ("SHR", ">>"))},
+  **{op: _vhelper(op) for op in ("MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT")},
+  "CAST": _vcast,
+  "BITCAST": lambda r, a, sd, d: r.vbitcast(a[0], d),
+  "NEG": lambda r, a, sd, d: f"(-{a[0]})",
+  "RECIP": lambda r, a, sd, d: f"(1.0f/{a[0]})",   # a scalar operand applies to every lane
+  "ABS": lambda r, a, sd, d: f"(({r.vec_type(d)})((fg_int32x{d.count}){a[0]} & 0x7fffffff))",   # the sign bit cleared
+  "WHERE": _vwhere,
+}
+
+
 class CStyleRenderer:
   name = "c"
   caps = Caps()
@@ -109,22 +187,6 @@ class CStyleRenderer:
     return f"fg_vloadm_{self.vec_type(d)}(b{buf}+{idx}, {lo}, {hi})"
   def vstore_masked(self, buf: int, idx: str, val: str, d: VecDType, lo: str, hi: str) -> str:
     return f"fg_vstorem_{self.vec_type(d)}(b{buf}+{idx}, {val}, {lo}, {hi});"
-  def valu(self, op: str, d: VecDType, a: list, srcs: tuple = ()) -> str:
-    ops = {"ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/", "CMPLT": "<", "CMPLE": "<=", "CMPEQ": "==", "CMPNE": "!=",
-           "XOR": "^", "AND": "&", "OR": "|", "SHL": "<<", "SHR": ">>"}   # (a shift's count: a constant below 32)
-    if op in ops: return f"({a[0]}{ops[op]}{a[1]})"
-    if op == "CAST" and not srcs[0].dtype.scalar.is_bool: return self.vconvert(a[0], d)   # 32-bit integer lanes
-    if op == "BITCAST": return self.vbitcast(a[0], d)
-    if op == "NEG": return f"(-{a[0]})"
-    if op == "RECIP": return f"(1.0f/{a[0]})"   # a scalar operand applies to every lane
-    if op in ("MAX", "MIN", "EXP", "LOG", "TANH", "ERF", "SQRT"): return f"fg_v{op.lower()}_{self.vec_type(d)}({','.join(a)})"
-    if op == "WHERE" and not isinstance(srcs[0].dtype, VecDType): return f"({a[0]}?{a[1]}:{a[2]})"
-    m = f"fg_int32x{d.count}"
-    if op == "ABS": return f"(({self.vec_type(d)})(({m}){a[0]} & 0x7fffffff))"   # the sign bit cleared
-    if op == "WHERE": return f"(({self.vec_type(d)})(({a[0]} & ({m})({a[1]})) | (~{a[0]} & ({m})({a[2]}))))"
-    if op == "CAST": return f"(({self.vec_type(d)})({a[0]} & 0x3f800000))"   # a mask's lanes as 1.0f or 0.0f
-    raise NotImplementedError(f"{self.name} renderer has no vector spelling for {op}")
-
   # float32 exp/log/tanh/erf from the shared prelude (_MATH): vectorizable, and the same bits on every device
   own_math = {"EXP": "fg_expf", "LOG": "fg_logf", "TANH": "fg_tanhf", "ERF": "fg_erff"}
 
@@ -156,39 +218,19 @@ class CStyleRenderer:
     if d.is_bool: return f"({a} != 0)"
     return f"(({self.reg_type(d)})({a}))"
 
+  # ---- ops: spelled from two tables keyed by the op's name (graph/ops.py), one for scalars and one for vectors ------
+  # An entry is f(renderer, operands, operand dtype, result dtype) -> the expression; the operand dtype is the first
+  # source's (a vector WHERE's condition may be a scalar, a vector CAST may convert a lane mask). A backend that
+  # spells one op differently replaces that entry: `code_for_op = {**CStyleRenderer.code_for_op, "MAX": ...}`.
+  code_for_op = _SCALAR_OPS
+  vec_code_for_op = _VECTOR_OPS
+
   def alu(self, op: str, d: dt.DType, a: list, srcs: tuple) -> str:
-    if isinstance(d, VecDType): return self.valu(op, d, a, srcs)
-    sd = srcs[0].dtype if srcs else d
-    fl = self.reg_dtype(sd).is_float
-    f = lambda n: self.math_fn(n, sd)
-    if op == "CAST": return self.cast(a[0], sd, d)
-    if op == "BITCAST": return self.bitcast(a[0], sd, d)
-    simple = {"ADD": "+", "SUB": "-", "MUL": "*", "CMPLT": "<", "CMPLE": "<=", "CMPEQ": "==", "CMPNE": "!=",
-              "AND": "&", "OR": "|", "XOR": "^"}
-    if op in simple: return f"({a[0]}{simple[op]}{a[1]})"
-    if op == "NEG": return f"(-{a[0]})" if not sd.is_bool else f"(!{a[0]})"
-    if op in ("EXP", "LOG", "SQRT", "SIN", "COS", "TAN", "TANH", "ERF", "ATAN", "FLOOR", "CEIL", "RINT", "TRUNC"):
-      return f"{f(op.lower())}({a[0]})"
-    if op == "ABS": return f"{f('fabs')}({a[0]})" if fl else f"({a[0]}<0?-{a[0]}:{a[0]})"
-    if op == "RECIP": return f"({self.literal(1, sd)}/{a[0]})"
-    if op == "ISNAN": return f"({a[0]}!={a[0]})"
-    if op == "NOT": return f"(!{a[0]})" if sd.is_bool else f"(~{a[0]})"
-    if op == "DIV": return f"({a[0]}/{a[1]})" if fl else f"fg_idiv_{self._tag(sd)}({a[0]},{a[1]})"
-    if op == "MOD": return f"{f('fmod')}({a[0]},{a[1]})" if fl else f"fg_imod_{self._tag(sd)}({a[0]},{a[1]})"
-    # NaN propagates; `|`, not `||`: one condition without a branch, which a loop vectorizer turns into a select
-    if op == "MAX":
-      return f"((({a[0]}>{a[1]})|({a[0]}!={a[0]}))?{a[0]}:{a[1]})" if fl else f"({a[0]}>{a[1]}?{a[0]}:{a[1]})"
-    if op == "MIN":
-      return f"((({a[0]}<{a[1]})|({a[0]}!={a[0]}))?{a[0]}:{a[1]})" if fl else f"({a[0]}<{a[1]}?{a[0]}:{a[1]})"
-    if op == "POW": return f"{f('pow')}({a[0]},{a[1]})"
-    if op == "ATAN2": return f"{f('atan2')}({a[0]},{a[1]})"
-    if op in ("SHL", "SHR"):
-      bits = sd.itemsize * 8
-      o = "<<" if op == "SHL" else ">>"
-      out = f"(({a[0]})<0?-1:0)" if op == "SHR" and sd.is_int and not sd.is_unsigned else "0"   # (torch's)
-      return f"(({a[1]})<0||({a[1]})>={bits}?{out}:({self.reg_type(sd)})({a[0]}{o}{a[1]}))"
-    if op == "WHERE": return f"({a[0]}?{a[1]}:{a[2]})"
-    raise NotImplementedError(f"{self.name} renderer has no spelling for {op}")
+    table = self.vec_code_for_op if isinstance(d, VecDType) else self.code_for_op
+    if op not in table:
+      kind = "vector " if isinstance(d, VecDType) else ""
+      raise RenderError(f"the {self.name} renderer has no {kind}spelling for {op} ({d})")
+    return table[op](self, a, srcs[0].dtype if srcs else d, d)
 
   def _tag(self, d: dt.DType) -> str: return d.name
 
@@ -736,6 +778,24 @@ static inline ushort fg_f32_to_half(float x) {
 _CL_PRELUDE += "\n" + _MATH
 
 
+def _cl_minmax(o: str):
+  return lambda r, a, sd, d: f"select({a[1]},{a[0]},({a[0]}{o}{a[1]})|isnan({a[0]}))"
+
+
+def _cl_lanes(op: str):   # the shared prelude's fg_expf etc., lane by lane (the same bits as the scalar kernels)
+  def f(r, a, sd, d): return f"(({r.vec_type(d)})({','.join(f'{r.own_math[op]}({a[0]}.s{i:x})' for i in range(d.count))}))"
+  return f
+
+
+def _cl_where(r, a, sd, d):
+  return f"select({a[2]},{a[1]},{a[0]})" if isinstance(sd, VecDType) else _vwhere(r, a, sd, d)
+
+
+def _cl_cast(r, a, sd, d):
+  if sd.scalar.is_bool: return f"select(({r.vec_type(d)})(0.0f),({r.vec_type(d)})(1.0f),{a[0]})"
+  return _vcast(r, a, sd, d)
+
+
 class OpenCLRenderer(CStyleRenderer):
   """OpenCL C: one work item per parallel index. Half values are stored with vload/vstore_half so
   no device extension is needed; bool is stored as uchar."""
@@ -777,17 +837,12 @@ class OpenCLRenderer(CStyleRenderer):
   def aligned_local(self, ptr: str, idx: str, d: VecDType) -> str:
     return f"(*(__local {self.vec_type(d)}*)({ptr}+{idx}))" if d.count * 4 <= 16 else self.vload_at(ptr, idx, d)
   def vstore(self, buf: int, idx: str, val: str, d: VecDType) -> str: return f"vstore{d.count}({val}, 0, b{buf}+{idx});"
-  def valu(self, op: str, d: VecDType, a: list, srcs: tuple = ()) -> str:
-    if op in ("MAX", "MIN"):
-      return f"select({a[1]},{a[0]},({a[0]}{'>' if op == 'MAX' else '<'}{a[1]})|isnan({a[0]}))"
-    if op in self.own_math:   # the shared prelude's fg_expf etc., lane by lane (the same bits as the scalar kernels)
-      fn = self.own_math[op]
-      return f"(({self.vec_type(d)})({','.join(f'{fn}({a[0]}.s{i:x})' for i in range(d.count))}))"
-    if op in ("SQRT", "ABS"): return f"{'sqrt' if op == 'SQRT' else 'fabs'}({a[0]})"
-    if op == "WHERE" and isinstance(srcs[0].dtype, VecDType): return f"select({a[2]},{a[1]},{a[0]})"
-    if op == "CAST" and srcs[0].dtype.scalar.is_bool:
-      return f"select(({self.vec_type(d)})(0.0f),({self.vec_type(d)})(1.0f),{a[0]})"
-    return super().valu(op, d, a, srcs)
+  # OpenCL C's vector built-ins where GCC's extensions differ (select takes the condition last)
+  vec_code_for_op = {**CStyleRenderer.vec_code_for_op,
+                     **{op: _cl_lanes(op) for op in CStyleRenderer.own_math},
+                     "MAX": _cl_minmax(">"), "MIN": _cl_minmax("<"),
+                     "SQRT": lambda r, a, sd, d: f"sqrt({a[0]})", "ABS": lambda r, a, sd, d: f"fabs({a[0]})",
+                     "WHERE": _cl_where, "CAST": _cl_cast}
   def library_fn(self, name: str, d: dt.DType) -> str: return name    # overloaded builtins
   def literal(self, v, d: dt.DType) -> str:
     r = super().literal(v, d)
