@@ -1,8 +1,10 @@
 """fusegrad on a GPU (the OPENCL device, on NVIDIA's OpenCL driver) vs PyTorch CUDA, side by side in one process.
 
-For each case: fusegrad's time per call (graph building, schedule and launch included, the device synchronized)
-and the device time of its kernels (fusegrad.track), PyTorch's time per call (CUDA, synchronized; torch.compile
-where it applies), the ratio torch/fusegrad (above 1: fusegrad is faster) and the achieved bandwidth or FLOP rate.
+For each case: fusegrad's time per call (graph building, schedule and launch included, the device synchronized),
+its time per call of the same function under fusegrad.jit (a captured call replayed: the counterpart of
+torch.compile) and the device time of its kernels (fusegrad.track), PyTorch's time per call (CUDA, synchronized;
+torch.compile where it applies), the ratios torch/fusegrad eager and torch.compile/fusegrad.jit (above 1: fusegrad
+is faster) and the achieved bandwidth or FLOP rate.
 Each result is checked against PyTorch's (relative error of the norm). Matmuls run with TF32 off on both sides.
 
     python bench/bench_gpu.py            # full sizes (the issue's: 2^28 elements, 8192^2, 4096^3)
@@ -83,6 +85,11 @@ def main(argv=None) -> None:
       with fg.track() as tr:
         f_fg(*fx).realize()
     k_time = sum(k.time_s for k in tr.kernels)
+    with fg.beam(beam):
+      jf = fg.jit(f_fg)
+      jerr = float(np.linalg.norm(jf(*fx).float().numpy() - want) / max(np.linalg.norm(want), 1e-30))
+      t_jit = _median_time(lambda: jf(*fx), dev.synchronize, args.runs)
+    err = max(err, jerr)
     t_th = _median_time(lambda: f_th(*tx), torch.cuda.synchronize, args.runs)
     if beam: print(f"  {name}: " + "; ".join(f"{k.name} {list(k.opts)}" for k in tr.kernels), flush=True)
     t_tc = None
@@ -90,14 +97,14 @@ def main(argv=None) -> None:
       cf = torch.compile(f_th)
       t_tc = _median_time(lambda: cf(*tx), torch.cuda.synchronize, args.runs)
     rate = (f"{flops / k_time / 1e12:.2f} TFLOP/s" if flops else f"{nbytes / k_time / 1e9:.0f} GB/s") if k_time else "-"
-    rows.append((name, t_fg * 1e3, k_time * 1e3, len(tr.kernels), rate, t_th * 1e3,
-                 None if t_tc is None else t_tc * 1e3, t_th / t_fg, err))
-  print("\n| case | fusegrad ms/call | its kernels ms (n) | kernel rate | torch ms | torch.compile ms | torch/fusegrad "
-        "| rel. error |")
-  print("|---|---:|---:|---:|---:|---:|---:|---:|")
-  for name, a, k, n, rate, t, tc, ratio, err in rows:
-    print(f"| {name} | {a:.3f} | {k:.3f} ({n}) | {rate} | {t:.3f} | {'-' if tc is None else f'{tc:.3f}'} | "
-          f"{ratio:.2f}x | {err:.1e} |")
+    rows.append((name, t_fg * 1e3, t_jit * 1e3, k_time * 1e3, len(tr.kernels), rate, t_th * 1e3,
+                 None if t_tc is None else t_tc * 1e3, t_th / t_fg, None if t_tc is None else t_tc / t_jit, err))
+  print("\n| case | fusegrad ms/call | fusegrad.jit ms/call | its kernels ms (n) | kernel rate | torch ms | "
+        "torch.compile ms | torch/fusegrad | torch.compile/fusegrad.jit | rel. error |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+  for name, a, j, k, n, rate, t, tc, ratio, cratio, err in rows:
+    print(f"| {name} | {a:.3f} | {j:.3f} | {k:.3f} ({n}) | {rate} | {t:.3f} | {'-' if tc is None else f'{tc:.3f}'} | "
+          f"{ratio:.2f}x | {'-' if cratio is None else f'{cratio:.2f}x'} | {err:.1e} |")
 
 
 if __name__ == "__main__":
