@@ -15,9 +15,9 @@ CASES = [
   ((2, 2, 6, 7, 9), (3, 2, 3, 3, 3), 1, 1, 1),
   ((3, 8, 9, 9), (8, 1, 3, 3), 1, 1, 8),            # depthwise
   ((1, 3, 10, 10), (4, 3, 1, 1), 0, 1, 1),          # 1x1
-  # output maps computed as dims (their rows whole vectors of 16, or at least 3 with 1/6 more: MAP_LANES)
+  # output maps computed as dims (their rows whole vectors of 16: MAP_LANES)
   ((2, 3, 9, 16), (5, 3, 3, 3), 1, 1, 1),
-  ((1, 4, 5, 58), (6, 2, 3, 3), (1, 0), 1, 2),      # 56 columns, the last vector masked; groups
+  ((1, 4, 5, 58), (6, 2, 3, 3), (1, 0), 1, 2),      # 56 columns: flat rows of 58 and a crop; groups
   ((1, 2, 4, 5, 20), (3, 2, 3, 3, 3), (1, 1, 0), (1, 1, 2), 1),   # 3-D, dilated: 16 columns
 ]
 
@@ -40,6 +40,30 @@ def test_values_and_gradients_match_torch(device, case, rng):
   np.testing.assert_allclose(y.numpy(), ry.detach().numpy(), rtol=1e-4, atol=1e-4)
   for got, want in ((x.grad, rx.grad), (tw.grad, rw.grad), (tb.grad, rb.grad)):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_masked_output_map_matches_torch(monkeypatch, rng):
+  """With MAP_PAD_WASTE above 0 a map whose rows are not whole vectors (56 columns: 3 vectors of 16 and one masked)
+  is computed at its own positions, its last vector's loads and stores masked: values and gradients as PyTorch's,
+  one kernel fewer than the flat rows (no crop), and the reduction's tile over the map's last dim."""
+  monkeypatch.setattr(F, "MAP_PAD_WASTE", 1 / 6)
+  monkeypatch.setattr(fg.config, "TEMPLATES", False)   # (a template recorded with the default would serve the call)
+  a = rng.standard_normal((2, 4, 5, 58)).astype(np.float32)
+  w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+  g = rng.standard_normal((2, 6, 5, 56)).astype(np.float32)
+  x, tw = fg.Tensor(a, requires_grad=True), fg.Tensor(w, requires_grad=True)
+  with fg.track() as t:
+    y = F.conv2d(x, tw, padding=(1, 0), groups=2).realize()
+  names = [k.name for k in t.kernels]   # (flat rows: the pad's copy, r_2_6_320 and the crop E_2_6_5_56)
+  assert len(names) == 2 and names[-1] == "r_2_6_5_56", names
+  assert any(o.op.name == "PADTO" for o in t.kernels[-1].opts), t.kernels[-1].opts
+  (y * fg.Tensor(g)).sum().backward()
+  rx, rw = torch.tensor(a, requires_grad=True), torch.tensor(w, requires_grad=True)
+  ry = torch.nn.functional.conv2d(rx, rw, padding=(1, 0), groups=2)
+  (ry * torch.tensor(g)).sum().backward()
+  np.testing.assert_allclose(y.numpy(), ry.detach().numpy(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(x.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-3)
 
 
 def test_conv_transpose_of_stride_one(rng):

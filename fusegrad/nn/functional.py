@@ -199,11 +199,14 @@ ROWS_WASTE = 0.25
 ROWS_MULTIPLE = 32
 # its output map is computed as dims of their own (rows_matmul's positions: no padded row's extra columns computed,
 # no copy that crops them) where the map's last dim is whole vectors of this many lanes (the widest a register tile
-# takes), or at least 3 of them with at most MAP_PAD_WASTE more (56 columns as 4 vectors of 16, the last one masked).
-# Otherwise flat: a map of 24 columns padded to 32 ran 7x slower than its flat rows of 26 (no tile takes a third
-# more), one of 28 as 32 and one of 14 as 16 about 10% slower than flat with the crop's copy (2-core Xeon, AVX-512)
+# takes), or at least 3 of them with at most MAP_PAD_WASTE more (a masked last vector). Otherwise flat: a map of 24
+# columns padded to 32 ran 7x slower than its flat rows of 26 (no tile takes a third more), one of 28 as 32 and one
+# of 14 as 16 about 10% slower than flat with the crop's copy (2-core Xeon, AVX-512). 0: whole vectors only. The
+# masked map of 56 columns (4 vectors of 16, 1/7 more) beat flat rows of 58 when the crop's copy cost 1.1 ms (8.9
+# against 8.4 + 1.1 ms, 3x3 64->64 batch 8, 2-core Xeon); since elementwise rows take several vectors per work item
+# the crop costs 0.2-0.6 ms and flat wins: 9.3-9.6 against 10.1 ms on a 2-core Zen 4 (torch 8.2-8.4)
 MAP_LANES = 16
-MAP_PAD_WASTE = 1 / 6
+MAP_PAD_WASTE = 0.0
 
 
 def _conv_rows(xp: Tensor, weight: Tensor, bias, ks: tuple, stride: tuple, dilation: tuple, G: int):
