@@ -404,6 +404,26 @@ def test_heuristic_tiles_a_panel_matmul_on_its_rows(rng):
   _close(run(item, tuple(opts)), want)
 
 
+def test_tile_without_padded_rows_where_one_has_as_many_accumulators(rng):
+  """64 rows (a convolution's output channels) by 48 vectors of columns. gcc's AVX-512 tile is 6 rows x 4 vectors:
+  its rows padded to 66; a tile of as many accumulators and no more registers whose rows and columns divide (8 x 3)
+  is taken instead (heuristic._exact_tile). AVX2's 6 x 2 has none (4 x 3 needs one register more: gcc spills):
+  its rows stay padded. Both against numpy."""
+  from fusegrad.codegen.opt.heuristic import _exact_tile
+  a, b = rng.standard_normal((64, 24)).astype(np.float32), rng.standard_normal((24, 768)).astype(np.float32)
+  item = one_kernel(fg.Tensor(a) @ fg.Tensor(b))
+  base = rd.get("PYTHON").caps
+  for caps, want in ((_avx512_gcc(base), [8, 16, 3]), (_avx2(base), [6, 8, 2])):
+    opts = heuristic.hand_coded(item.kernel, caps)
+    assert [o.arg for o in opts if o.op is OptOp.UPCAST][:3] == want, opts
+    assert any(o.op is OptOp.PADTO for o in opts) == (want[0] == 6), opts
+    _close(run(item, tuple(opts)), a @ b)
+  # (accumulators, registers): a tile of fewer accumulators, or of more registers, is never taken
+  assert _exact_tile(_avx512_gcc(base), 64, 48, (6, 4), 1 << 20, 1) == (8, 3)
+  assert _exact_tile(_avx512_gcc(base), 64, 47, (6, 4), 1 << 20, 1) is None
+  assert _exact_tile(_avx2(base), 64, 96, (6, 2), 1 << 20, 1) is None
+
+
 def test_heuristic_no_scalar_tile_over_strided_columns(rng):
   """q @ k.T read in place steps k's rows along the output's columns: a register tile there holds scalars (8 x 32
   spilled accumulators, 18 GFLOP/s): no register tile; with K = 32, too short for a dot tile, a gathered tile
