@@ -160,7 +160,8 @@ def _exact_tile(caps: Caps | None, n: int, nvec: int, tile: tuple, work: int, it
   if caps is None or not caps.vector_registers: return None
   accumulators, registers = tile[0] * tile[1], tile[0] * tile[1] + tile[1]
   fits = [(r * cv, r, cv) for r in TILE_ROWS if n % r == 0 and work // r >= items
-          for cv in range(2, min(nvec, registers) + 1) if nvec % cv == 0 and accumulators <= r * cv and r * cv + cv <= registers]
+          for cv in range(2, min(nvec, registers) + 1)
+          if nvec % cv == 0 and accumulators <= r * cv and r * cv + cv <= registers]
   return max(fits)[1:] if fits else None
 
 
