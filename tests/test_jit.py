@@ -7,7 +7,7 @@ import torch
 import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as F
-from test_optim import CASES
+from test_optim import CASES, assert_on_torch_trajectory
 from conftest import DEVICES
 
 
@@ -65,20 +65,13 @@ def test_every_optimizer_replays_torchs_trajectory(device, rng, case):
     np.testing.assert_allclose(loss.item(), tloss[1].item(), rtol=1e-5, err_msg=f"step {i}")
   np.testing.assert_array_equal(w.numpy(), ew.numpy())
   np.testing.assert_array_equal(bb.numpy(), eb.numpy())
-  atol = spec.get("atol", 2e-5)
-  for ours, theirs, exact in zip((w, bb), *tparams):
-    want = exact.detach().numpy()
-    err = np.abs(theirs.detach().numpy() - want).max()
-    np.testing.assert_allclose(ours.numpy(), want, rtol=1e-5, atol=atol + 4 * err)
+  for ours, theirs, exact in zip((w, bb), *tparams): assert_on_torch_trajectory(ours, theirs, exact, spec.get("atol"))
   for k, v in topts[0].state_dict()["state"].get(0, {}).items():
     if v is None: continue
     ours, theirs = opt.state_dict()["state"][0][k], eopt.state_dict()["state"][0][k]
     if isinstance(ours, fg.Tensor): ours, theirs = ours.numpy(), theirs.numpy()
     np.testing.assert_array_equal(ours, theirs, err_msg=k)
-    exact = topts[1].state_dict()["state"][0][k]
-    exact = exact.numpy() if isinstance(exact, torch.Tensor) else exact
-    err = np.abs(np.asarray(v) - exact).max()
-    np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=atol + 4 * err, err_msg=k)
+    assert_on_torch_trajectory(ours, v, topts[1].state_dict()["state"][0][k], spec.get("atol"), err_msg=k)
 
 
 def test_replay_is_bit_identical_to_eager_and_launches_the_same_kernels(rng):
