@@ -470,6 +470,8 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       if a.size > 1: do(OptOp.UNROLL, a.var, a.size)
     for a in _inner_loops(k): do(OptOp.LOOP, a.var, a.size)
     return opts
+  rows = _rows_in_registers(k, caps)
+  if rows is not None: return opts + rows
   w = caps.native_lanes if caps.native_lanes in caps.vector_widths else 0
   n0 = len(opts)
   if w and caps.masked_vectors:
@@ -555,6 +557,51 @@ def hand_coded(k: Kernel, caps: Caps) -> list:
       k = kv
       opts.append(kv.opts[-1])
   return opts
+
+
+# a row's reductions and outputs (a softmax's max, sum and exp(x - max) / sum over rows of 128) whose every phase takes
+# at most this share of the vector registers (and Caps.max_registers values: AVX-512 rows up to 256, AVX2 up to 128)
+# are unrolled whole in vectors (_rows_in_registers): each element is loaded and its exp computed once for every phase
+# (passes.dedupe), where each phase's loop read and computed it again. Rows spilled past the registers (AVX-512 rows of
+# 512-2048 unrolled) measured no faster than the loops
+ROW_REGISTER_SHARE = 1
+# ...and a kernel of one phase (a sum, a max) where its row takes at least this many vectors. 2-vCPU Zen 4, one call,
+# ms, AVX-512: softmax [8192, 128] 0.69 -> 0.35 (torch 0.33), [8192, 256] 1.43 -> 0.65, [16384, 64] 0.75 -> 0.40,
+# [16384, 32] 0.37-0.50 -> 0.31-0.36; logsumexp [8192, 128] 0.73-0.82 -> 0.54-0.59, [16384, 256] 2.4 -> 1.4-1.55;
+# amax [8192, 128] 0.18-0.21 -> 0.13, [16384, 256] 1.2 -> 0.37; sum [16384, 32] (2 vectors a row) 0.068 -> 0.084
+# without this bound. AVX2 code: softmax [8192, 64] 0.43-0.51 -> 0.28, [8192, 128] 1.01-1.04 -> 0.50-0.52
+ROW_REGISTER_MIN_VECTORS = 4
+
+
+def _rows_in_registers(k: Kernel, caps: Caps) -> list | None:
+  """The actions that keep a row in vector registers through every phase of its kernel, or None where it does not
+  fit: each reduction a float32 SUM/MAX/MIN over one contiguous loop of whole vectors, at most one output loop of
+  whole vectors beside them, each at most ROW_REGISTER_SHARE of the registers. Each loop becomes a vector (UPCAST) and its vectors registers (UNROLL of a reduction's, UPCAST of the outputs');
+  codegen/pipeline merges the phases' equal loads and values."""
+  w = caps.native_lanes if caps.native_lanes in caps.vector_widths else 0
+  most = int(caps.vector_registers * ROW_REGISTER_SHARE)
+  reduces = _reduces(k)
+  if not w or not reduces or k.of_kind(K.UPCAST, K.UNROLL, K.LOCAL, K.GROUP_REDUCE, K.GROUP_LOOP): return None
+  loops = k.of_kind(K.LOOP)
+  if len(loops) > 1 or any(len(r.loops) != 1 or r.dtype is not dt.float32 or r.op not in ("SUM", "MAX", "MIN") or
+                           not _steps_along(k, r, r.loops[0]) for r in reduces): return None
+  rows = list(dict.fromkeys(r.loops[0] for r in reduces)) + [a.var for a in loops]
+  # (a row of a runtime length, ir.Axis.end, keeps its loop: it ends at the length, not at the bound)
+  if any((v.hi + 1) % w or not 1 < (v.hi + 1) // w <= most or k.axes[k.axis_index(v)].end is not None
+         for v in rows): return None
+  # one phase over a row of few vectors (a sum over rows of 32) runs faster with a row per lane (the chains below)
+  if len(rows) == 1 and (rows[0].hi + 1) // w < ROW_REGISTER_MIN_VECTORS: return None
+  if loops and not _vector_reads(k, loops[0].var): return None
+  start = len(k.opts)
+  for v in rows:
+    i = k.axis_index(v)   # (after the split, the vectors: its outer part, in the axis's place)
+    kind, kv = k.axes[i].kind, _in_vectors(k, v, w, caps)
+    if kv is None: return None
+    try:
+      k = apply_opt(kv, Opt(OptOp.UNROLL if kind is K.REDUCE else OptOp.UPCAST, i, kv.axes[i].size), caps)
+    except OptError:
+      return None
+  return list(k.opts[start:])
 
 
 # a copy whose work items write consecutive vectors but read them far apart (packing a matmul's operand in panels:
