@@ -163,6 +163,9 @@ def cases(quick: bool):
   rows, cls = (1024, 1000) if quick else (4096, 1000)    # an ImageNet classifier's 1000 classes: no multiple of vectors
   out.append((f"softmax(-1), {rows}x{cls}", (fg_softmax, np_softmax, th_softmax), (r(rows, cls),),
               dict(rtol=1e-4, atol=1e-7)))
+  rows, cls = (2048, 100) if quick else (8192, 100)   # attention over 100 positions, a 100-class head: short rows
+  out.append((f"softmax(-1), {rows}x{cls}", (fg_softmax, np_softmax, th_softmax), (r(rows, cls),),
+              dict(rtol=1e-4, atol=1e-7)))
   x = r(n_ew)
   # float32 sums of 2^24 terms differ by summation order; scale the tolerance by sum(|x|)
   out.append((f"sum, 2^{e}", (fg_sum, np_sum, th_sum), (x,), dict(rtol=0, atol=1e-7 * float(np.abs(x).sum()))))

@@ -1103,15 +1103,16 @@ def test_peel_splits_a_reduction_into_whole_multiples_and_a_tail(rng):
     apply_opt(k, Opt(OptOp.PEEL, reds[-1], 64), caps)
 
 
-@pytest.mark.parametrize("case", ["softmax", "logsumexp", "softmax_avx2", "masked_softmax"])
+@pytest.mark.parametrize("case", ["softmax", "logsumexp", "softmax_avx2", "masked_softmax", "softmax_100"])
 def test_rows_in_registers_compute_each_exp_once(case, rng):
   """A row whose every phase fits in the vector registers (a softmax over 128 classes: its max, its sum of exps,
   its outputs) is unrolled whole in vectors (heuristic._rows_in_registers: UNROLL of the reductions' vectors, UPCAST
   of the outputs'), and the phases' equal loads and exps are merged (passes.dedupe in pipeline.prepare): one exp per
-  vector of the row where each phase's loop computed its own. Values against numpy on the interpreter and the CPU."""
+  vector of the row where each phase's loop computed its own; a row of 100 as 7 vectors, the last masked. Values
+  against numpy on the interpreter and the CPU."""
   from fusegrad.codegen import pipeline
   from fusegrad.codegen.linearize import Let
-  cols = 64 if case == "softmax_avx2" else 128
+  cols = {"softmax_avx2": 64, "softmax_100": 100}.get(case, 128)
   x = rng.standard_normal((48, cols)).astype(np.float32) * 3
   caps = (_avx2 if case == "softmax_avx2" else _avx512)(rd.get("PYTHON").caps)
   e = np.exp(x - x.max(-1, keepdims=True))
@@ -1128,7 +1129,7 @@ def test_rows_in_registers_compute_each_exp_once(case, rng):
   assert OptOp.UNROLL in [o.op for o in opts], opts
   listing = pipeline.prepare(item.kernel, caps, opts).listing
   exps = [st for st in listing if isinstance(st, Let) and getattr(st.val, "op", None) == "EXP"]
-  assert len(exps) == cols // caps.native_lanes, exps
+  assert len(exps) == -(-cols // caps.native_lanes), exps
   for dev in ("PYTHON", "CPU"): np.testing.assert_allclose(run(item, tuple(opts), dev), want, rtol=2e-6, atol=1e-7)
   # a sum over rows of 2 vectors (one phase): a row per lane instead (heuristic.ROW_REGISTER_MIN_VECTORS)
   short = one_kernel(fg.Tensor(x[:, :2 * caps.native_lanes]).sum(-1))

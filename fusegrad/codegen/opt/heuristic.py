@@ -586,21 +586,27 @@ def _rows_in_registers(k: Kernel, caps: Caps) -> list | None:
   if len(loops) > 1 or any(len(r.loops) != 1 or r.dtype is not dt.float32 or r.op not in ("SUM", "MAX", "MIN") or
                            not _steps_along(k, r, r.loops[0]) for r in reduces): return None
   rows = list(dict.fromkeys(r.loops[0] for r in reduces)) + [a.var for a in loops]
-  # (a row of a runtime length, ir.Axis.end, keeps its loop: it ends at the length, not at the bound)
-  if any((v.hi + 1) % w or not 1 < (v.hi + 1) // w <= most or k.axes[k.axis_index(v)].end is not None
+  # whole vectors, the last one masked where the device has masked vectors and that adds at most REDUCE_PAD_WASTE
+  # (a softmax over 100 classes: 7 vectors of 16); (a row of a runtime length, ir.Axis.end, keeps its loop: it ends at
+  # the length, not at the bound)
+  pad = lambda n: (-n) % w if caps.masked_vectors and (-n) % w <= n * REDUCE_PAD_WASTE else None
+  if any(pad(v.hi + 1) is None or not 1 < (v.hi + w) // w <= most or k.axes[k.axis_index(v)].end is not None
          for v in rows): return None
   # one phase over a row of few vectors (a sum over rows of 32) runs faster with a row per lane (the chains below)
-  if len(rows) == 1 and (rows[0].hi + 1) // w < ROW_REGISTER_MIN_VECTORS: return None
+  if len(rows) == 1 and (rows[0].hi + w) // w < ROW_REGISTER_MIN_VECTORS: return None
   if loops and not _vector_reads(k, loops[0].var): return None
   start = len(k.opts)
-  for v in rows:
-    i = k.axis_index(v)   # (after the split, the vectors: its outer part, in the axis's place)
-    kind, kv = k.axes[i].kind, _in_vectors(k, v, w, caps)
-    if kv is None: return None
-    try:
+  try:
+    for v in rows:
+      i = k.axis_index(v)   # (after the split, the vectors: its outer part, in the axis's place)
+      if (v.hi + 1) % w:
+        k = apply_opt(k, Opt(OptOp.PADTO, i, w), caps)
+        v = k.axes[i].var
+      kind, kv = k.axes[i].kind, _in_vectors(k, v, w, caps)
+      if kv is None: return None
       k = apply_opt(kv, Opt(OptOp.UNROLL if kind is K.REDUCE else OptOp.UPCAST, i, kv.axes[i].size), caps)
-    except OptError:
-      return None
+  except OptError:
+    return None
   return list(k.opts[start:])
 
 
