@@ -85,16 +85,20 @@ def test_trajectory_matches_torch(device, rng, case):
   # summation order of x @ w's backward) moves the step by a visible fraction of lr; 40 seeds x 20 steps stay < 1e-5.
   # Against float64 torch, within float32 torch's own distance from it (a seed where a gradient crosses zero moves
   # both float32 trajectories: NAdam's once in ~60 draws)
-  for ours, theirs, exact in ((w, tw, dw), (bb, tb, db)): assert_on_torch_trajectory(ours, theirs, exact, spec.get("atol"))
+  for ours, theirs, exact in ((w, tw, dw), (bb, tb, db)):
+    assert_on_torch_trajectory(ours, theirs, exact, spec.get("atol"))
 
 
 def assert_on_torch_trajectory(ours, theirs, exact, atol=None, err_msg=""):
   """ours (a fusegrad tensor or array) on float64 torch's trajectory `exact`, within float32 torch's (`theirs`) own
   distance from it, plus atol (adaptive steps divide a gradient's float32 rounding by sqrt(v); see above)."""
-  arr = lambda t: t.detach().numpy() if isinstance(t, torch.Tensor) else t.numpy() if isinstance(t, fg.Tensor) else np.asarray(t)
+  def arr(t):
+    if isinstance(t, torch.Tensor): return t.detach().numpy()
+    return t.numpy() if isinstance(t, fg.Tensor) else np.asarray(t)
   want = arr(exact)
   err = np.abs(arr(theirs) - want).max()
-  np.testing.assert_allclose(arr(ours), want, rtol=1e-5, atol=(2e-5 if atol is None else atol) + 4 * err, err_msg=err_msg)
+  atol = (2e-5 if atol is None else atol) + 4 * err
+  np.testing.assert_allclose(arr(ours), want, rtol=1e-5, atol=atol, err_msg=err_msg)
 
 
 def test_param_groups_have_their_own_lr(rng):
@@ -262,7 +266,8 @@ RESUME = ["sgd_momentum_dampening", "sgd_nesterov_wd", "adam_amsgrad", "adamw", 
 
 def _train(opt, params, X, Y, steps: int, lib=fg):
   w, bb = params
-  x, y = (lib.tensor(X), lib.tensor(Y)) if lib is fg else (torch.tensor(X, dtype=w.dtype), torch.tensor(Y, dtype=w.dtype))
+  x, y = (lib.tensor(X), lib.tensor(Y)) if lib is fg else \
+         (torch.tensor(X, dtype=w.dtype), torch.tensor(Y, dtype=w.dtype))   # (float64 parameters: float64 data)
   for _ in range(steps):
     opt.zero_grad(); ((x @ w + bb - y) ** 2).mean().backward(); opt.step()
 

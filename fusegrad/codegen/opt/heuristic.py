@@ -575,9 +575,9 @@ ROW_REGISTER_MIN_VECTORS = 4
 
 def _rows_in_registers(k: Kernel, caps: Caps) -> list | None:
   """The actions that keep a row in vector registers through every phase of its kernel, or None where it does not
-  fit: each reduction a float32 SUM/MAX/MIN over one contiguous loop of whole vectors, at most one output loop of
-  whole vectors beside them, each at most ROW_REGISTER_SHARE of the registers. Each loop becomes a vector (UPCAST) and its vectors registers (UNROLL of a reduction's, UPCAST of the outputs');
-  codegen/pipeline merges the phases' equal loads and values."""
+  fit: each reduction a float32 SUM/MAX/MIN over one contiguous loop, at most one output loop beside them, each at
+  most ROW_REGISTER_SHARE of the registers in vectors. Each loop becomes a vector (UPCAST) and its vectors registers
+  (UNROLL of a reduction's, UPCAST of the outputs'); codegen/pipeline merges the phases' equal loads and values."""
   w = caps.native_lanes if caps.native_lanes in caps.vector_widths else 0
   most = int(caps.vector_registers * ROW_REGISTER_SHARE)
   reduces = _reduces(k)
