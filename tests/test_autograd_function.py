@@ -201,7 +201,6 @@ def test_errors_as_torch(rng):
   # a saved tensor written after the forward: the version check
   x, tx = _pair(rng, (3,))
   y, ty = x * 1, tx * 1
-  z, tz = bad(fg, "ok").apply(y), bad(torch, "ok").apply(ty)
 
   class Reads(A.Function):
     @staticmethod
