@@ -114,3 +114,43 @@ def test_tracker_sees_its_own_thread(rng):
   errors = _run_threads(3, work)
   assert not errors, errors[0]
   assert seen == {0: 1, 1: 2, 2: 3}
+
+
+_MARK_SRC = r"""
+#define _GNU_SOURCE
+#include <unistd.h>
+#include <sys/syscall.h>
+/* out[i] = the id of the thread that ran item i; each chunk takes ~1 ms, so every thread of the pool claims some */
+void mark_entry(void **b, long long start, long long end) {
+  long long *out = (long long *)b[0], tid = (long long)syscall(SYS_gettid);
+  usleep(1000);
+  for (long long i = start; i < end; i++) out[i] = tid;
+}
+"""
+
+
+def test_pool_threads_run_contiguous_ranges():
+  """The CPU launcher cuts a kernel's chunks into one contiguous range per thread, and each thread claims its own
+  range first (runtime/cpu_pool.c): the items each thread runs are a few runs, not every other chunk (a sum streams
+  its part of memory as one stream: on a quiet Zen 4 0.65 ms against 0.96 ms for chunks taken in turn). A kernel of
+  8 equal chunks on the pool: at most two runs of one thread's items per thread (its own range, and what it took
+  from another's), where chunks taken in turn give up to 8."""
+  import ctypes
+  from types import SimpleNamespace
+  from fusegrad.runtime import device as rd
+  from fusegrad.runtime import cpu
+  dev = rd.get("CPU")
+  if dev.threads < 2: pytest.skip("the CPU device runs one thread here (FUSEGRAD_THREADS=1 or one core)")
+  lib = dev.compile_library("mark_pool", _MARK_SRC)
+  n, parts = 64, 8
+  program = SimpleNamespace(_entry=ctypes.cast(lib.mark_entry, ctypes.c_void_p).value)
+  kernel = SimpleNamespace(global_size=n, cost=cpu.PARALLEL_MIN_WORK * 4 * dev.threads, tiled=False, global_dims=())
+  for _ in range(5):
+    out = np.zeros(n, dtype=np.int64)
+    batch = dev.prepare_batch([(program, kernel, [out])], ())
+    assert batch.tmpl[2] == parts   # the count prepare_batch cut it into (cpu._parts): this test's premise
+    dev.run_prepared(batch, ())
+    assert (out != 0).all(), out
+    chunk_tids = out[::n // parts]
+    runs = 1 + int((chunk_tids[1:] != chunk_tids[:-1]).sum())
+    assert runs <= 2 * len(set(chunk_tids.tolist())), chunk_tids

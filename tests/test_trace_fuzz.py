@@ -423,7 +423,16 @@ def test_fuzz_zero_grad_keeping_zeros_with_momentum(traced, rng):
   _same(off, on)
 
 
-@pytest.mark.xfail(strict=True, reason="the loss read between the forward and the backward (`if loss.item() > x`): "
+def _gcc() -> bool:
+  from fusegrad.runtime.cpu import find_compiler
+  try:
+    return "clang" not in find_compiler()[1].lower()
+  except RuntimeError:
+    return True
+
+
+# (strict with gcc only: compiled by clang 14 the eager and the replayed kernels round alike, and the test passes)
+@pytest.mark.xfail(strict=_gcc(), reason="the loss read between the forward and the backward (`if loss.item() > x`): "
                    "the parameters differ from eager's by an ulp (eager's realize of the loss leaves the activations it "
                    "stored realized for the step; the replay's loss, made again for the backward, rebuilds them lazy)")
 def test_fuzz_loss_read_before_backward(traced, rng):

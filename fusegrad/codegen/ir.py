@@ -11,7 +11,7 @@ register axes, binding of work-item indices), linearization and rendering.
 from __future__ import annotations
 import enum
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from fusegrad import dtype as dt
 from fusegrad.dtype import DType
 from fusegrad.graph.node import reduce_identity
@@ -305,6 +305,21 @@ class Mma(Val):
   b: Val
   c: Val                 # vec(tc.dtype_acc, elements of C per lane)
   dtype: VecDType        # the lane's D fragment
+
+
+def _val_repr(v, depth: int = 3) -> str:
+  """A value's fields, its operands to `depth` levels (then "..."): a kernel's values share operands (one exp read by
+  a max, a sum and a store), and the dataclass repr spells a shared operand once per path, exponentially many (a
+  failed test's traceback, which reprs the arguments, never finished)."""
+  def one(x):
+    if isinstance(x, Val): return _val_repr(x, depth - 1) if depth > 0 else f"{type(x).__name__}(...)"
+    if isinstance(x, tuple) and any(isinstance(e, Val) for e in x): return "(" + ", ".join(one(e) for e in x) + ")"
+    return repr(x)
+  return f"{type(v).__name__}(" + ", ".join(f"{f.name}={one(getattr(v, f.name))}" for f in fields(v)) + ")"
+
+
+for _cls in (Load, Gather, Const, Param, Index, Valid, Alu, Reduce, GroupReduce, Stage, LocalLoad, Vectorize, Gep, Mma):
+  _cls.__repr__ = _val_repr
 
 
 @dataclass(frozen=True)

@@ -134,17 +134,19 @@ ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}
 TILE_ITEMS_PER_THREAD = 8
 
 
-def tile_caps(regs: int, lanes: int) -> dict:
+def tile_caps(regs: int, lanes: int, clang: bool | None = None) -> dict:
   """Caps.tile_registers, tile_columns, max_registers and tile_items for this machine's compiler (also with no
   compiler: compiling says why) and threads (TILE_ITEMS_PER_THREAD). clang: half the registers and 16 columns. gcc with AVX-512: 4 vectors of 16 columns (6 rows
   of them in the 32 registers: fewer loads per multiply-add than 8 rows x 2 vectors; on a 2-core Intel Xeon (Granite
   Rapids, two 512-bit FMA units a core) 1024^3 148 -> 163 GFLOP/s a core, torch 165), the work item's expanded
   values up to that tile's 384 (not the register file's 512: a fold of 512 accumulators, a chain of 511 ops, recursed
-  past Python's limit in the passes that walk it). Otherwise the heuristic's defaults."""
-  try:
-    clang = "clang" in find_compiler()[1].lower()
-  except RuntimeError:
-    clang = False
+  past Python's limit in the passes that walk it). Otherwise the heuristic's defaults. clang: whether the compiler is
+  clang (default: whether find_compiler's is)."""
+  if clang is None:
+    try:
+      clang = "clang" in find_compiler()[1].lower()
+    except RuntimeError:
+      clang = False
   items = {"tile_items": min(64, TILE_ITEMS_PER_THREAD * (config.THREADS or os.cpu_count() or 1))}
   if clang: return {"tile_registers": regs // 2, "tile_columns": 16, **items}
   if lanes == 16: return {"tile_columns": 64, "max_registers": 6 * 64, **items}

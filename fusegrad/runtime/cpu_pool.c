@@ -1,8 +1,12 @@
 /* fusegrad's CPU launcher: runs a list of kernels, each over [0, n) work items, on a pool of native threads.
 
    Every kernel has an entry point `void NAME_entry(void **bufs, long long start, long long end)` (the C
-   renderer writes it). A parallel kernel is cut into chunks that the calling thread and the workers claim
-   with an atomic counter; the kernel is finished when every chunk is done and every worker has acknowledged
+   renderer writes it). A parallel kernel is cut into chunks, and its chunks into one contiguous range per
+   thread (the calling thread's first). Each thread claims its own range's chunks in order with an atomic
+   counter, then the other ranges' (a worker that wakes late finds its range taken by the others). So each
+   thread streams one contiguous part of the buffers. The sum of 2^24 floats' kernel on a 2-core Zen 4 VM, its 8
+   chunks run by OpenMP: 0.63-0.65 ms so, 0.93-1.05 ms with the chunks taken in turn, while the VM's memory system
+   was quiet (the same 1.2-1.4 ms either way while it was busy). The kernel is finished when every chunk is done and every worker has acknowledged
    it (so no worker can still be reading it when the next one is set up). Between kernels the workers spin
    for a while (the next kernel of a step follows within microseconds) and then sleep on a condition
    variable. No Python object is touched here: ctypes releases the GIL around these calls.
@@ -19,6 +23,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,7 +56,11 @@ static struct {
   void **bufs;
   long long n;
   long long parts;
-  atomic_llong next;            /* next chunk to claim */
+  struct fg_range {             /* thread i's chunks: next to claim, end; a cache line each */
+    atomic_llong next;
+    long long end;
+    char pad[64 - 2 * sizeof(long long)];
+  } *ranges;
   atomic_llong done;            /* chunks finished */
   atomic_int acks;              /* workers finished with this kernel */
   pid_t pid;                    /* a forked child has no workers: it runs everything itself */
@@ -59,9 +68,20 @@ static struct {
 
 static const long SPIN = 1 << 14;    /* pause loops a worker spins before it sleeps (~180 us on a Xeon) */
 
-static void run_chunks(void) {
+/* The next chunk for thread `slot` (its own range first, then the others'), or -1 when none is left. */
+static long long claim(int slot) {
+  for (int k = 0; k < P.threads; k++) {
+    struct fg_range *r = &P.ranges[(slot + k) % P.threads];
+    if (atomic_load_explicit(&r->next, memory_order_relaxed) >= r->end) continue;
+    long long i = atomic_fetch_add_explicit(&r->next, 1, memory_order_acq_rel);
+    if (i < r->end) return i;
+  }
+  return -1;
+}
+
+static void run_chunks(int slot) {
   long long i;
-  while ((i = atomic_fetch_add_explicit(&P.next, 1, memory_order_acq_rel)) < P.parts) {
+  while ((i = claim(slot)) >= 0) {
     P.fn(P.bufs, P.n * i / P.parts, P.n * (i + 1) / P.parts);
     atomic_fetch_add_explicit(&P.done, 1, memory_order_acq_rel);
   }
@@ -82,7 +102,7 @@ static long long now_ns(void) {
 }
 
 static void *worker(void *arg) {
-  (void)arg;
+  int slot = (int)(intptr_t)arg;
   long seen = 0;    /* the generation when the pool started: a kernel may be posted before this thread runs */
   for (;;) {
     long spins = 0, g;
@@ -96,7 +116,7 @@ static void *worker(void *arg) {
       spins = 0;
     }
     seen = g;
-    run_chunks();
+    run_chunks(slot);
     atomic_fetch_add_explicit(&P.acks, 1, memory_order_acq_rel);
   }
   return NULL;
@@ -110,11 +130,12 @@ int fg_pool_start(int threads) {
   atomic_store(&P.generation, 0);
   atomic_store(&P.owner, 0);
   P.tids = calloc((size_t)threads, sizeof(pthread_t));
-  if (!P.tids) return 0;
+  if (posix_memalign((void **)&P.ranges, 64, (size_t)threads * sizeof *P.ranges)) P.ranges = NULL;
+  if (!P.tids || !P.ranges) { free(P.tids); free(P.ranges); P.tids = NULL; P.ranges = NULL; return 0; }
   P.threads = 1;
   P.pid = getpid();
   for (int i = 1; i < threads; i++) {
-    if (pthread_create(&P.tids[i], NULL, worker, NULL) != 0) break;
+    if (pthread_create(&P.tids[i], NULL, worker, (void *)(intptr_t)i) != 0) break;
     P.threads++;
   }
   return P.threads;
@@ -130,7 +151,11 @@ static int post(fg_job *j) {
   P.fn = (fg_entry)j->entries[k]; P.bufs = j->bufs[k]; P.n = j->n[k]; P.parts = j->parts[k];
   atomic_store_explicit(&P.done, j->chunk, memory_order_relaxed);
   atomic_store_explicit(&P.acks, 0, memory_order_relaxed);
-  atomic_store_explicit(&P.next, j->chunk, memory_order_relaxed);
+  long long left = P.parts - j->chunk;   /* the chunks not yet run, in one range per thread */
+  for (int s = 0; s < P.threads; s++) {
+    P.ranges[s].end = j->chunk + left * (s + 1) / P.threads;
+    atomic_store_explicit(&P.ranges[s].next, j->chunk + left * s / P.threads, memory_order_relaxed);
+  }
   atomic_fetch_add(&P.generation, 1);    /* sequentially consistent: ordered before the sleepers check */
   if (atomic_load(&P.sleepers) > 0) {
     pthread_mutex_lock(&P.lock);
@@ -149,7 +174,7 @@ static void release_pool(fg_job *j) {
 /* Help with the pooled kernel and wait for it; 1 when it is finished, 0 when the deadline passed first. */
 static int finish_pooled(long long deadline) {
   long long i;
-  while ((i = atomic_fetch_add_explicit(&P.next, 1, memory_order_acq_rel)) < P.parts) {
+  while ((i = claim(0)) >= 0) {
     P.fn(P.bufs, P.n * i / P.parts, P.n * (i + 1) / P.parts);
     atomic_fetch_add_explicit(&P.done, 1, memory_order_acq_rel);
     if (now_ns() > deadline) return 0;
@@ -194,7 +219,7 @@ int fg_run(fg_job *j) {
 /* Stop job j: no chunk of it is claimed any more, and none runs when this returns. */
 void fg_cancel(fg_job *j) {
   if (!j->pooled) return;
-  atomic_store(&P.next, P.parts);
+  for (int s = 0; s < P.threads; s++) atomic_store(&P.ranges[s].next, P.ranges[s].end);
   long spins = 0;
   while (atomic_load_explicit(&P.acks, memory_order_acquire) < P.threads - 1) {
     pause_cpu();

@@ -304,17 +304,18 @@ class Device:
       with self.cache_lock: self._remember(kernel, c, width)
     return self._with_program(c)
 
-  def compile_with(self, kernel, opts) -> "Compiled":
+  def compile_with(self, kernel, opts, caps=None) -> "Compiled":
     """A canonical Kernel with the given actions (not the heuristic's) made ready: for tests and the search.
-    Programs are shared by source with everything else; the kernel's own entry is left alone."""
-    return self._with_program(self._prepare(kernel, tuple(opts)))
+    Programs are shared by source with everything else; the kernel's own entry is left alone. caps: what the actions
+    are checked against, default the device's own (a test compiles another machine's or compiler's choice)."""
+    return self._with_program(self._prepare(kernel, tuple(opts), caps))
 
-  def _prepare(self, kernel, opts) -> "Compiled":
+  def _prepare(self, kernel, opts, caps=None) -> "Compiled":
     """Optimized and rendered (an interpreter's listing is its program already)."""
     from fusegrad.codegen.pipeline import prepare
     from fusegrad.codegen.linearize import format_listing
     from fusegrad.codegen.renderer.base import check_spellable
-    p = prepare(kernel, self.caps, opts)
+    p = prepare(kernel, caps or self.caps, opts)
     if self.renderer is None:
       return Compiled(self.compile_listing(p.kernel, p.listing), format_listing(p.listing), p.kernel, p.opts)
     check_spellable(self.renderer, p.listing)

@@ -14,11 +14,13 @@ def one_kernel(out: fg.Tensor):
   return items[0]
 
 
-def run(item, opts, device: str = "PYTHON") -> np.ndarray:
+def run(item, opts, device: str = "PYTHON", caps=None) -> np.ndarray:
   """The kernel of item run with the given actions on device; its first output as numpy (at its logical shape: an
-  output with a runtime size, graph/dims.BoundDim, is stored at its bound and read back through from_storage)."""
+  output with a runtime size, graph/dims.BoundDim, is stored at its bound and read back through from_storage).
+  caps: what the actions are checked against, default the device's (a tile chosen for gcc on AVX-512 compiles with
+  clang, or on an AVX2 machine, under its own caps)."""
   dev = rd.get(device)
-  c = dev.compile_with(item.kernel, opts)
+  c = dev.compile_with(item.kernel, opts, caps)
   outs = [rd.Buffer(dev, dims.storage_numel(o.shape), o.dtype) for o in item.outputs]
   handles = [b.handle for b in outs] + [i.buffer.handle for i in item.inputs]
   if item.kernel.params: handles += dev.param_handles(item.kernel, item.param_values())
