@@ -1,8 +1,8 @@
 """fusegrad vs numpy vs PyTorch (CPU, eager) on a few common ops, side by side in one process.
 
-Prints a markdown table of median wall times (each library's best of 3 rounds, the rounds alternated) and ratios (numpy/fusegrad and torch/fusegrad: above 1
-means fusegrad is faster), the number of kernels fusegrad launched per case, and a PASS/FAIL check
-of each fusegrad result against numpy.
+Prints a markdown table of median wall times (each library's best of 3 rounds, the rounds alternated) and ratios
+(numpy/fusegrad and torch/fusegrad: above 1 means fusegrad is faster), the number of kernels fusegrad launched per
+case, and a PASS/FAIL check of each fusegrad result against numpy.
 
 What is timed, for fusegrad: building the lazy graph from already-realized inputs plus `.realize()`
 (so the schedule, Python launch overhead and the kernels themselves), after one warm-up run that
@@ -330,7 +330,8 @@ def main() -> int:
   for name, f, n, t, c, k, kms, runs, check in rows:
     print(f"| {name} | {fmt(f)} | {fmt(n)} | {fmt(t)} | " + (f"{fmt(c)} | " if tc else "") + f"{ratio(n, f)} | "
           f"{ratio(t, f)} | " + (f"{ratio(c, f)} | " if tc else "") + f"{k} | {fmt(kms)} | {check} |")
-  print(f"\nmedian wall time per call, each library's best of {ROUNDS} rounds; ratios above 1x mean fusegrad is faster. 'fusegrad kernel ms' is the "
+  print(f"\nmedian wall time per call, each library's best of {ROUNDS} rounds; ratios above 1x mean fusegrad is "
+        f"faster. 'fusegrad kernel ms' is the "
         f"median time inside the kernels themselves (fusegrad.track()); the rest of 'fusegrad ms' is graph building, "
         f"scheduling and launch overhead. Total bench time {time.perf_counter() - t_start:.0f} s"
         + (f", load average after: {os.getloadavg()[0]:.2f}." if hasattr(os, "getloadavg") else "."))

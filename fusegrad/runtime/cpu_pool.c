@@ -6,8 +6,8 @@
    counter, then the other ranges' (a worker that wakes late finds its range taken by the others). So each
    thread streams one contiguous part of the buffers. The sum of 2^24 floats' kernel on a 2-core Zen 4 VM, its 8
    chunks run by OpenMP: 0.63-0.65 ms so, 0.93-1.05 ms with the chunks taken in turn, while the VM's memory system
-   was quiet (the same 1.2-1.4 ms either way while it was busy). The kernel is finished when every chunk is done and every worker has acknowledged
-   it (so no worker can still be reading it when the next one is set up). Between kernels the workers spin
+   was quiet (the same 1.2-1.4 ms either way while it was busy). The kernel is finished when every chunk is done
+   and every worker has acknowledged it (so no worker can still be reading it when the next one is set up). Between kernels the workers spin
    for a while (the next kernel of a step follows within microseconds) and then sleep on a condition
    variable. No Python object is touched here: ctypes releases the GIL around these calls.
 
