@@ -586,8 +586,9 @@ def _c_vectors(widths) -> str:
       feat, bits, mt, avx = isa
       mask = f"({mt})(hi > lo ? ((1u << hi) - 1u) & ~((1u << lo) - 1u) : 0u)"
       cond = f"#if defined({feat}) && (defined(__GNUC__) || defined(__clang__))"
-      load += [cond, f"  return ({t})__builtin_ia32_loadups{bits}_mask(p, ({t}){{0}}, {mask});"]
-      store += [cond, f"  __builtin_ia32_storeups{bits}_mask(p, v, {mask});"]
+      # (through void*: gcc's builtins take float*, clang's a vector pointer; either warns of the other's)
+      load += [cond, f"  return ({t})__builtin_ia32_loadups{bits}_mask((const void*)p, ({t}){{0}}, {mask});"]
+      store += [cond, f"  __builtin_ia32_storeups{bits}_mask((void*)p, v, {mask});"]
       if avx:   # AVX's vmaskmovps: a lane mask of sign bits
         iota = f"({m}){{{','.join(map(str, range(n)))}}}"
         k = f"(({iota} >= ({m}){{0}} + (int)lo) & ({iota} < ({m}){{0}} + (int)hi))"
