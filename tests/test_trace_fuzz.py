@@ -23,6 +23,7 @@ import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as F
 from fusegrad.engine import trace
+from fusegrad.runtime.cpu import is_clang
 from trace_loops import run_both as _both, assert_same as _same
 
 FAST = 40          # programs always run
@@ -423,16 +424,8 @@ def test_fuzz_zero_grad_keeping_zeros_with_momentum(traced, rng):
   _same(off, on)
 
 
-def _gcc() -> bool:
-  from fusegrad.runtime.cpu import find_compiler
-  try:
-    return "clang" not in find_compiler()[1].lower()
-  except RuntimeError:
-    return True
-
-
 # (strict with gcc only: compiled by clang 14 the eager and the replayed kernels round alike, and the test passes)
-@pytest.mark.xfail(strict=_gcc(), reason="the loss read between the forward and the backward (`if loss.item() > x`): "
+@pytest.mark.xfail(strict=not is_clang(), reason="the loss read between the forward and the backward (`if loss.item() > x`): "
                    "the parameters differ from eager's by an ulp (eager's realize of the loss leaves the activations it "
                    "stored realized for the step; the replay's loss, made again for the backward, rebuilds them lazy)")
 def test_fuzz_loss_read_before_backward(traced, rng):

@@ -318,8 +318,7 @@ def _val_repr(v, depth: int = 3) -> str:
   return f"{type(v).__name__}(" + ", ".join(f"{f.name}={one(getattr(v, f.name))}" for f in fields(v)) + ")"
 
 
-for _cls in (Load, Gather, Const, Param, Index, Valid, Alu, Reduce, GroupReduce, Stage, LocalLoad, Vectorize, Gep, Mma):
-  _cls.__repr__ = _val_repr
+for _cls in Val.__subclasses__(): _cls.__repr__ = _val_repr   # (every value class is defined above)
 
 
 @dataclass(frozen=True)

@@ -118,10 +118,18 @@ def find_compiler() -> tuple[str, str]:
                      f"(looked for {', '.join(names)} on PATH); install clang or gcc, or set FUSEGRAD_CC")
 
 
+def is_clang() -> bool:
+  """Whether the C compiler (find_compiler) is clang; False where there is none (compiling says why)."""
+  try:
+    return "clang" in find_compiler()[1].lower()
+  except RuntimeError:
+    return False
+
+
 @functools.lru_cache(None)
 def compiler_flags() -> list:
-  _, ver = find_compiler()
-  return FLAGS + ISA_FLAGS[config.CPU_ISA] + ([] if "clang" in ver.lower() else GCC_FLAGS)
+  find_compiler()   # (raises, saying why, where there is none)
+  return FLAGS + ISA_FLAGS[config.CPU_ISA] + ([] if is_clang() else GCC_FLAGS)
 
 
 # what each value of FUSEGRAD_CPU_ISA (config.CPU_ISA) adds to -march=native
@@ -142,11 +150,7 @@ def tile_caps(regs: int, lanes: int, clang: bool | None = None) -> dict:
   values up to that tile's 384 (not the register file's 512: a fold of 512 accumulators, a chain of 511 ops, recursed
   past Python's limit in the passes that walk it). Otherwise the heuristic's defaults. clang: whether the compiler is
   clang (default: whether find_compiler's is)."""
-  if clang is None:
-    try:
-      clang = "clang" in find_compiler()[1].lower()
-    except RuntimeError:
-      clang = False
+  if clang is None: clang = is_clang()
   items = {"tile_items": min(64, TILE_ITEMS_PER_THREAD * (config.THREADS or os.cpu_count() or 1))}
   if clang: return {"tile_registers": regs // 2, "tile_columns": 16, **items}
   if lanes == 16: return {"tile_columns": 64, "max_registers": 6 * 64, **items}
